@@ -1,0 +1,95 @@
+"""Compile and run notebook cell source with IPython semantics (worker side).
+
+The value of a trailing expression is returned for display; tracebacks start
+at the user's cell, whose lines are registered in :mod:`linecache`; IPython
+syntax (``%time``, ``!cmd``, ``%pip``) is translated by IPython's own input
+transformer, loaded only when the cell contains such syntax.
+"""
+from __future__ import annotations
+
+import ast
+import linecache
+import os
+import re
+import traceback
+from types import CodeType, TracebackType
+from typing import Any, Dict, Optional, Tuple
+
+# A line starting with % or !, an assignment from !cmd / %magic, or a trailing ?.
+_IPYTHON_SYNTAX = re.compile(r"^\s*(%|!)|^[^#'\"\n]*=\s*[%!]|\?\s*$", re.M)
+
+
+def needs_ipython(source: str) -> bool:
+    """Whether the source uses IPython-only syntax (magics, shell escapes)."""
+    return bool(_IPYTHON_SYNTAX.search(source))
+
+
+def transform(source: str) -> str:
+    """Translate IPython syntax into plain Python (``get_ipython().run_line_magic``...)."""
+    if not needs_ipython(source):
+        return source
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    return TransformerManager().transform_cell(source)
+
+
+def register_source(filename: str, source: str) -> None:
+    """Make ``filename`` resolvable by linecache so tracebacks show the cell."""
+    lines = source.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    linecache.cache[filename] = (len(source), None, lines, filename)
+
+
+def compile_cell(source: str, filename: str) -> Tuple[Optional[CodeType], Optional[CodeType]]:
+    """Compile a cell into (body, last_expression) code objects.
+
+    Raises:
+        SyntaxError: with ``filename`` and the cell's line numbers.
+    """
+    register_source(filename, source)
+    tree = ast.parse(source, filename=filename, mode="exec")
+    last: Optional[ast.Expression] = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        expr = tree.body.pop()
+        last = ast.Expression(expr.value)
+        ast.copy_location(last, expr)
+    body = compile(tree, filename, "exec") if tree.body else None
+    tail = compile(last, filename, "eval") if last is not None else None
+    return body, tail
+
+
+def run_compiled(body: Optional[CodeType], tail: Optional[CodeType], namespace: Dict[str, Any]) -> Any:
+    """Execute compiled cell code in ``namespace``; return the trailing expression's value."""
+    if body is not None:
+        exec(body, namespace)
+    if tail is not None:
+        return eval(tail, namespace)
+    return None
+
+
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _is_ours(filename: str) -> bool:
+    return filename.startswith(_OWN_DIR) or "/ray/_private/" in filename or "/ray/_raylet" in filename
+
+
+def format_user_traceback(exc: BaseException) -> str:
+    """Format ``exc`` from the first frame of user code on; drop our own frames.
+
+    A syntax error is shown without a stack, like IPython does.
+    """
+    if isinstance(exc, SyntaxError):
+        return "".join(traceback.format_exception_only(type(exc), exc)).rstrip("\n")
+    tb: Optional[TracebackType] = exc.__traceback__
+    first = None
+    while tb is not None:
+        if not _is_ours(tb.tb_frame.f_code.co_filename):
+            first = tb
+            break
+        tb = tb.tb_next
+    lines = ["Traceback (most recent call last):\n"]
+    lines += traceback.format_tb(first) if first is not None else []
+    lines += traceback.format_exception_only(type(exc), exc)
+    return "".join(lines).rstrip("\n")

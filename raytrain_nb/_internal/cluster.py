@@ -1,0 +1,123 @@
+"""Connect to Ray: an embedded local instance by default, an existing cluster otherwise.
+
+The embedded instance is quiet (no log flood in the notebook, no dashboard),
+sized for a small machine, and started at most once per process; a
+"node timed out during startup" (seen on loaded machines) is retried.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from typing import Any, Dict, Optional
+
+from .errors import GroupError
+
+logger = logging.getLogger(__name__)
+
+_STARTUP_ATTEMPTS = 3
+_MIN_OBJECT_STORE = 80 * 1024 * 1024
+_MAX_OBJECT_STORE = 2 * 1024 ** 3
+
+_started_by_us = False
+_lock = threading.Lock()
+
+
+def _memory_limit() -> int:
+    """Memory available to this process: the cgroup limit or physical memory."""
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            raw = open(path).read().strip()
+            if raw.isdigit() and int(raw) < 1 << 50:
+                return int(raw)
+        except OSError:
+            continue
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 4 * 1024 ** 3
+
+
+def local_init_kwargs() -> Dict[str, Any]:
+    """Arguments for ``ray.init`` of the embedded instance (env overrides apply)."""
+    store = int(os.environ.get("RAYTRAIN_NB_OBJECT_STORE_BYTES", 0)) or min(
+        _MAX_OBJECT_STORE, max(_MIN_OBJECT_STORE, _memory_limit() // 10)
+    )
+    kwargs: Dict[str, Any] = {
+        "include_dashboard": os.environ.get("RAYTRAIN_NB_DASHBOARD", "0") == "1",
+        "log_to_driver": False,
+        "logging_level": logging.WARNING,
+        "object_store_memory": store,
+        "configure_logging": True,
+    }
+    if os.environ.get("RAYTRAIN_NB_NUM_CPUS"):
+        kwargs["num_cpus"] = float(os.environ["RAYTRAIN_NB_NUM_CPUS"])
+    if os.environ.get("RAYTRAIN_NB_NUM_GPUS"):
+        kwargs["num_gpus"] = float(os.environ["RAYTRAIN_NB_NUM_GPUS"])
+    return kwargs
+
+
+def started_by_us() -> bool:
+    """Whether this process started the Ray instance it is connected to."""
+    return _started_by_us
+
+
+def connect(address: Optional[str] = None) -> None:
+    """Make sure this process is connected to Ray (never calls ``ray.init`` twice).
+
+    Args:
+        address: a Ray address (``"auto"``, ``"ray://host:10001"``, ``"host:6379"``);
+            defaults to ``RAY_ADDRESS``, else an embedded local instance.
+
+    Raises:
+        GroupError: connected elsewhere already, or Ray could not start.
+    """
+    global _started_by_us
+    import ray
+
+    with _lock:
+        if ray.is_initialized():
+            return
+        address = address or os.environ.get("RAY_ADDRESS") or None
+        in_main = threading.current_thread() is threading.main_thread()
+        sigint = signal.getsignal(signal.SIGINT) if in_main else None
+        last: Optional[BaseException] = None
+        for attempt in range(1, _STARTUP_ATTEMPTS + 1):
+            try:
+                if address:
+                    ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+                else:
+                    ray.init(**local_init_kwargs())
+                    _started_by_us = True
+                last = None
+                break
+            except Exception as exc:  # noqa: BLE001 - retried or re-raised below
+                last = exc
+                transient = "timed out during startup" in str(exc) or "timed out" in str(exc).lower()
+                logger.warning("ray.init attempt %d/%d failed: %s", attempt, _STARTUP_ATTEMPTS, exc)
+                try:
+                    ray.shutdown()
+                except Exception:
+                    pass
+                if not transient or address:
+                    break
+            finally:
+                if in_main and sigint is not None and signal.getsignal(signal.SIGINT) is not sigint:
+                    signal.signal(signal.SIGINT, sigint)  # never replace IPython's handler
+        if last is not None:
+            where = f"the Ray cluster at {address!r}" if address else "a local Ray instance"
+            raise GroupError(f"could not connect to {where}: {last}") from last
+
+
+def driver_node_id() -> str:
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
+
+
+def is_multinode() -> bool:
+    """Whether the cluster has more than one live node."""
+    import ray
+
+    return sum(1 for n in ray.nodes() if n.get("Alive")) > 1

@@ -1,0 +1,151 @@
+"""Waiting for a cell on every rank: stream output, release ranks left in a collective, interrupt.
+
+While ranks run, their output and metrics are polled on the control channel
+every ``POLL_INTERVAL_S``. When a rank fails while others still run, the
+failed rank's process group is broken so peers blocked in a collective with
+it fail at once. A KeyboardInterrupt in the driver interrupts every rank; a
+rank still running ``INTERRUPT_WAIT_S`` later is named with its stack, and a
+second interrupt replaces it.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Dict, List, Sequence, Set
+
+from .errors import RankFailure
+from .output import OutputSink, route
+
+if TYPE_CHECKING:
+    from .group import WorkerGroup
+
+logger = logging.getLogger(__name__)
+
+
+def _died(rank: int, slot: Any, exc: BaseException) -> Dict[str, Any]:
+    info = slot.info
+    cause = str(exc).strip().splitlines()
+    detail = next((line for line in cause if "died" in line.lower() or "killed" in line.lower()),
+                  cause[0] if cause else type(exc).__name__)
+    message = (f"the worker process of rank {rank} (pid {info.get('pid')}, node {info.get('node_ip')}) died: "
+               f"{detail.strip()}")
+    failure = RankFailure(rank, "WorkerDiedError", message, f"WorkerDiedError: {message}",
+                          node=str(info.get("node_ip", "")))
+    return {"rank": rank, "failure": failure, "outputs": [], "metrics": [], "dead": True, "value": None}
+
+
+class Dispatch:
+    """One cell (or function call) in flight on some ranks."""
+
+    def __init__(self, group: "WorkerGroup", refs: Dict[Any, int], sink: OutputSink, mode: str,
+                 shown: Sequence[int]) -> None:
+        self.group = group
+        self.pending: Dict[Any, int] = dict(refs)
+        self.sink = sink
+        self.mode = mode
+        self.shown = list(shown)
+        self.results: Dict[int, Dict[str, Any]] = {}
+        self.released: Set[int] = set()
+        self.interrupts = 0
+        self._stuck_deadline = 0.0
+
+    def collect(self) -> Dict[int, Dict[str, Any]]:
+        from .group import POLL_INTERVAL_S
+
+        while self.pending:
+            try:
+                self._step(POLL_INTERVAL_S)
+                self._check_stuck()
+            except KeyboardInterrupt:
+                self.interrupts += 1
+                if self.interrupts == 1:
+                    self._interrupt()
+                else:
+                    self._replace_stuck()
+        return self.results
+
+    def _slot(self, rank: int) -> Any:
+        return self.group._slots[rank]
+
+    def _step(self, timeout: float) -> None:
+        import ray
+
+        ready, _ = ray.wait(list(self.pending), num_returns=len(self.pending), timeout=timeout)
+        for ref in ready:
+            rank = self.pending[ref]
+            try:
+                res = ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                res = _died(rank, self._slot(rank), exc)
+            del self.pending[ref]
+            self.results[rank] = res
+            self._emit(rank, res)
+        if not self.pending:
+            return
+        failed = [r for r, res in self.results.items()
+                  if res.get("failure") is not None and not res.get("dead") and r not in self.released]
+        if failed:
+            self._release(failed)
+        self._poll()
+
+    def _emit(self, rank: int, res: Dict[str, Any]) -> None:
+        route(self.sink, rank, res.get("outputs", []), self.shown, self.mode)
+        if res.get("metrics"):
+            self.group.record_metrics(res["metrics"])
+
+    def _release(self, ranks: List[int]) -> None:
+        import ray
+
+        refs = [self._slot(r).actor.release.remote() for r in ranks]
+        ray.wait(refs, num_returns=len(refs), timeout=5)
+        self.released.update(ranks)
+
+    def _poll(self) -> None:
+        import ray
+
+        running = list(self.pending.values())
+        refs = {self._slot(r).actor.poll.remote(): r for r in running}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=5)
+        for ref in ready:
+            try:
+                polled = ray.get(ref)
+            except ray.exceptions.RayActorError:
+                continue  # its run result reports the death
+            self._emit(refs[ref], polled)
+
+    def _interrupt(self) -> None:
+        import ray
+
+        from .group import INTERRUPT_WAIT_S
+
+        ranks = sorted(self.pending.values())
+        refs = [self._slot(r).actor.interrupt.remote() for r in ranks]
+        ray.wait(refs, num_returns=len(refs), timeout=INTERRUPT_WAIT_S)
+        self._stuck_deadline = time.monotonic() + INTERRUPT_WAIT_S
+
+    def _check_stuck(self) -> None:
+        import ray
+
+        if not self._stuck_deadline or time.monotonic() < self._stuck_deadline or not self.pending:
+            return
+        self._stuck_deadline = 0.0
+        lines = []
+        for rank in sorted(self.pending.values()):
+            try:
+                stack = ray.get(self._slot(rank).actor.stack.remote(), timeout=3)
+            except Exception as exc:  # noqa: BLE001
+                stack = f"(stack unavailable: {exc})"
+            lines.append(f"rank {rank} did not stop after the interrupt; it is at:\n{stack.rstrip()}")
+        lines.append("Interrupt again to replace the stuck rank(s) with fresh workers (their variables are lost).")
+        self.sink.notice("\n".join(lines))
+
+    def _replace_stuck(self) -> None:
+        ranks = sorted(self.pending.values())
+        self.sink.notice(f"replacing rank(s) {', '.join(map(str, ranks))} ...")
+        for ref, rank in list(self.pending.items()):
+            failure = RankFailure(rank, "KeyboardInterrupt",
+                                  f"rank {rank} did not stop and was replaced by a fresh worker")
+            self.results[rank] = {"rank": rank, "failure": failure, "outputs": [], "metrics": [],
+                                  "replaced": True, "value": None}
+        self.pending.clear()
+        self.group.replace(ranks)

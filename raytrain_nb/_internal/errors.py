@@ -1,0 +1,181 @@
+"""One picklable exception hierarchy for everything the group reports.
+
+Errors raised on workers travel to the driver as :class:`RankFailure` records;
+the driver merges identical ones (``[rank 0, 1]: ...``) into one
+:class:`WorkerError` whose traceback renders as the user's cell, not as our
+stack (IPython calls ``_render_traceback_``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional, Sequence, Tuple
+
+#: Error-message fragments of a collective that failed because a peer went away.
+_COLLECTIVE_MARKERS = (
+    "connection reset by peer",
+    "connection closed by peer",
+    "broken pipe",
+    "socket closed",
+    "connection refused",
+    "gloo/transport",
+    "ncclremoteerror",
+    "nccl communicator was aborted",
+    "process group was aborted",
+)
+
+_MAX_TRACEBACK_LINES = 60
+
+
+class RaytrainNbError(Exception):
+    """Base class of every error raised by raytrain_nb."""
+
+
+class GroupError(RaytrainNbError):
+    """The worker group cannot do what was asked (wrong state, bad argument)."""
+
+
+class ResourceError(GroupError):
+    """The cluster cannot place what was asked."""
+
+
+class WorkerDiedError(RaytrainNbError):
+    """One or more worker processes died."""
+
+
+class InterruptTimeout(RaytrainNbError):
+    """A rank did not stop after an interrupt."""
+
+
+@dataclasses.dataclass
+class RankFailure:
+    """What went wrong on one rank, in plain picklable fields.
+
+    Attributes:
+        rank: the world rank.
+        type_name: the exception's class name (``"ValueError"``).
+        message: ``str(exc)``.
+        traceback: the formatted traceback, starting at the user's cell.
+        collateral: True when the error is a collective that failed because a
+            peer left (shown only if no rank has a primary error).
+        node: the node id or IP of the worker, when known.
+    """
+
+    rank: int
+    type_name: str
+    message: str
+    traceback: str = ""
+    collateral: bool = False
+    node: str = ""
+
+    def key(self) -> Tuple[str, str, str]:
+        return (self.type_name, self.message, self.traceback)
+
+
+def is_collective_failure(type_name: str, message: str) -> bool:
+    """Whether an error looks like a collective broken by a departed peer."""
+    if type_name not in ("RuntimeError", "DistBackendError", "DistNetworkError", "DistError"):
+        return False
+    low = message.lower()
+    return any(m in low for m in _COLLECTIVE_MARKERS)
+
+
+def format_ranks(ranks: Sequence[int]) -> str:
+    """``[0, 1, 2]`` -> ``"rank 0, 1, 2"``; a single rank -> ``"rank 3"``."""
+    return "rank " + ", ".join(str(r) for r in sorted(ranks))
+
+
+def _cut(text: str, limit: int = _MAX_TRACEBACK_LINES) -> str:
+    lines = text.rstrip("\n").splitlines()
+    if len(lines) <= limit:
+        return "\n".join(lines)
+    head = lines[: limit // 2]
+    tail = lines[-limit // 2 :]
+    return "\n".join(head + [f"... ({len(lines) - limit} lines cut; the worker log has all) ..."] + tail)
+
+
+def merge_failures(failures: Sequence[RankFailure]) -> List[Tuple[List[int], RankFailure]]:
+    """Group identical failures; keep primary errors over collateral ones.
+
+    Returns a list of ``(ranks, failure)`` in order of the lowest rank.
+    """
+    primary = [f for f in failures if not f.collateral]
+    shown = primary or list(failures)
+    groups: Dict[Tuple[str, str, str], List[RankFailure]] = {}
+    for f in sorted(shown, key=lambda f: f.rank):
+        groups.setdefault(f.key(), []).append(f)
+    return [([f.rank for f in fs], fs[0]) for fs in groups.values()]
+
+
+class WorkerError(RaytrainNbError):
+    """A cell or function raised on one or more ranks.
+
+    Attributes:
+        failures: one :class:`RankFailure` per rank that failed.
+        released: ranks that were blocked in a collective and released.
+    """
+
+    def __init__(self, failures: Sequence[RankFailure], released: Sequence[int] = ()):
+        self.failures = list(failures)
+        self.released = sorted(released)
+        super().__init__(self._summary())
+
+    def __reduce__(self):
+        return (WorkerError, (self.failures, self.released))
+
+    @property
+    def ranks(self) -> List[int]:
+        """Ranks whose own error is shown (collateral ones excluded)."""
+        return sorted(r for ranks, _ in merge_failures(self.failures) for r in ranks)
+
+    @property
+    def type_names(self) -> List[str]:
+        return [f.type_name for _, f in merge_failures(self.failures)]
+
+    def _summary(self) -> str:
+        parts = []
+        for ranks, f in merge_failures(self.failures):
+            parts.append(f"[{format_ranks(ranks)}] {f.type_name}: {f.message}".rstrip(": "))
+        return "; ".join(parts)
+
+    def render(self) -> str:
+        """The full text shown to the user: each merged traceback, labelled."""
+        out = []
+        for ranks, f in merge_failures(self.failures):
+            header = f"[{format_ranks(ranks)}]"
+            if f.node:
+                header += f" on node {f.node}"
+            body = _cut(f.traceback) if f.traceback else f"{f.type_name}: {f.message}"
+            out.append(f"{header}\n{body}")
+        if self.released:
+            out.append(
+                f"({format_ranks(self.released)} released from a collective the failed rank(s) "
+                "left; the process group was re-formed)"
+            )
+        return "\n\n".join(out)
+
+    def _render_traceback_(self) -> List[str]:  # IPython hook: show the cell, not our stack
+        return self.render().splitlines()
+
+    def __str__(self) -> str:
+        return self._summary()
+
+
+def failure_from_exception(rank: int, exc: BaseException, traceback_text: str, node: str = "") -> RankFailure:
+    """Build a :class:`RankFailure` from a live exception."""
+    type_name = type(exc).__name__
+    message = str(exc)
+    return RankFailure(
+        rank=rank,
+        type_name=type_name,
+        message=message,
+        traceback=traceback_text,
+        collateral=is_collective_failure(type_name, message),
+        node=node,
+    )
+
+
+def describe(exc: Optional[BaseException]) -> str:
+    """One line for an exception: ``Type: message``."""
+    if exc is None:
+        return ""
+    return f"{type(exc).__name__}: {exc}"

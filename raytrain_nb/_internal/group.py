@@ -1,0 +1,500 @@
+"""WorkerGroup: a persistent group of Ray actors that runs cells and functions.
+
+The magics and (later) the dashboard are thin layers over the public methods
+here; everything a user can click can be scripted.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence
+
+from . import cluster
+from .cell import format_user_traceback, needs_ipython
+from .config import GroupConfig
+from .errors import GroupError, RankFailure, WorkerError
+from .output import OUTPUT_MODES, OutputSink, TextSink, route
+from .placement import reserve
+from .ranks import RankInfo, assign_ranks, rank_infos
+
+logger = logging.getLogger(__name__)
+
+POLL_INTERVAL_S = 0.1
+INTERRUPT_WAIT_S = 2.0
+METRICS_HISTORY = 10_000
+
+
+class GroupState(enum.Enum):
+    """Lifecycle of a group; observers subscribe with :meth:`WorkerGroup.subscribe`."""
+
+    STARTING = "starting"
+    IDLE = "idle"
+    RUNNING = "running"
+    FAILED = "failed"
+    RECOVERING = "recovering"
+    SHUTDOWN = "shut down"
+
+
+@dataclasses.dataclass
+class WorkerStatus:
+    """One row of :meth:`WorkerGroup.status`."""
+
+    rank: int
+    node: str
+    pid: int
+    device: str
+    state: str
+    last_metrics: Dict[str, Any]
+    error: str = ""
+
+
+@dataclasses.dataclass
+class CellResult:
+    """What :meth:`WorkerGroup.run` returns: each rank's displayed value and the wall time."""
+
+    values: Dict[int, Any]
+    duration: float
+
+    @property
+    def value(self) -> Optional[str]:
+        """The ``text/plain`` value of the lowest rank that returned one."""
+        for rank in sorted(self.values):
+            if self.values[rank] is not None:
+                return self.values[rank][0].get("text/plain")
+        return None
+
+
+@dataclasses.dataclass
+class _Slot:
+    actor: Any
+    bundle: int
+    info: Dict[str, Any]
+    rank_info: Optional[RankInfo] = None
+    device: str = "cpu"
+    state: str = "starting"
+    error: str = ""
+
+
+_ACTIVE: Optional["WorkerGroup"] = None
+
+
+def active_group() -> Optional["WorkerGroup"]:
+    """The group the magics use (the latest one started and not shut down), or None."""
+    return _ACTIVE
+
+
+class WorkerGroup:
+    """N Ray actors, one per rank, with a persistent namespace each and a process group.
+
+    Args:
+        num_workers: number of ranks.
+        cpus_per_worker: CPUs reserved per worker.
+        gpus_per_worker: GPUs per worker (each rank gets its own).
+        resources_per_worker: extra custom Ray resources per worker.
+        placement_strategy: ``PACK`` (default) or ``SPREAD`` (and the STRICT_ forms).
+        backend: ``gloo``, ``nccl`` or ``none``; default nccl with GPUs, gloo without.
+        address: a Ray cluster address; default ``RAY_ADDRESS`` or an embedded instance.
+        name: a readable name for the run.
+        placement_timeout_s: how long to wait for resources before failing.
+
+    Raises:
+        GroupError: bad arguments; ResourceError: the cluster cannot place the group.
+
+    Example:
+        >>> group = WorkerGroup(2)                   # doctest: +SKIP
+        >>> group.run("x = get_context().get_world_rank()")  # doctest: +SKIP
+        >>> group.pull("x", rank=None)               # doctest: +SKIP
+        [0, 1]
+    """
+
+    def __init__(self, num_workers: int = 2, *, cpus_per_worker: float = 1, gpus_per_worker: float = 0,
+                 resources_per_worker: Optional[Dict[str, float]] = None, placement_strategy: str = "PACK",
+                 backend: Optional[str] = None, address: Optional[str] = None, name: Optional[str] = None,
+                 placement_timeout_s: float = 10.0, start_timeout_s: float = 180.0,
+                 activate: bool = True) -> None:
+        global _ACTIVE
+        self.config = GroupConfig(num_workers=num_workers, cpus_per_worker=cpus_per_worker,
+                                  gpus_per_worker=gpus_per_worker, resources_per_worker=resources_per_worker,
+                                  placement_strategy=placement_strategy, backend=backend)
+        self.backend = self.config.resolved_backend
+        self.address = address
+        self.name = name or time.strftime("run-%Y%m%d-%H%M%S")
+        self.start_timeout_s = start_timeout_s
+        self.state = GroupState.STARTING
+        self._observers: List[Callable[[GroupState, GroupState], None]] = []
+        self._lock = threading.RLock()
+        self._slots: List[_Slot] = []
+        self._cell_seq = 0
+        self.latest_metrics: Dict[int, Dict[str, Any]] = {}
+        self.metrics_history: Dict[int, Deque[Dict[str, Any]]] = {}
+        cluster.connect(address)
+        self._pg = reserve(self.config, num_workers, placement_timeout_s)
+        try:
+            slots = [self._spawn(i) for i in range(num_workers)]
+            self._slots = self._order(slots)
+            self._form(new=set(range(num_workers)))
+        except BaseException:
+            self._teardown()
+            raise
+        self._set_state(GroupState.IDLE)
+        if activate:
+            _ACTIVE = self
+        logger.info("group %s: %d workers ready", self.name, num_workers)
+
+    # -- observers and state -------------------------------------------------------------
+
+    def subscribe(self, callback: Callable[[GroupState, GroupState], None]) -> None:
+        """Call ``callback(old, new)`` on every state change."""
+        self._observers.append(callback)
+
+    def _set_state(self, new: GroupState) -> None:
+        old, self.state = self.state, new
+        if old is not new:
+            for cb in list(self._observers):
+                try:
+                    cb(old, new)
+                except Exception:  # an observer never breaks the group
+                    logger.exception("state observer failed")
+
+    @property
+    def num_workers(self) -> int:
+        return len(self._slots)
+
+    def _check_usable(self) -> None:
+        if self.state is GroupState.SHUTDOWN:
+            raise GroupError("this group was shut down: start a new one (a new %%distributed cell)")
+        if self.state is GroupState.RUNNING:
+            raise GroupError("the group is running a cell: wait for it, or interrupt it")
+        dead = [s.rank_info.world_rank for s in self._slots if s.state == "dead" and s.rank_info]
+        if dead:
+            raise GroupError(
+                f"rank(s) {', '.join(map(str, dead))} are dead: restart them (%dist_restart / "
+                "group.restart()) or shut the group down"
+            )
+
+    # -- forming the group ---------------------------------------------------------------
+
+    def _spawn(self, bundle: int) -> _Slot:
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from .worker import remote_worker_class
+
+        opts: Dict[str, Any] = dict(
+            num_cpus=self.config.cpus_per_worker,
+            num_gpus=self.config.gpus_per_worker,
+            resources=dict(self.config.resources_per_worker or {}),
+            max_restarts=0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=bundle),
+        )
+        cwd = os.getcwd()
+        if cluster.is_multinode():
+            opts["runtime_env"] = {"working_dir": cwd, "excludes": [".git", ".venv", ".ipynb_checkpoints"]}
+            cwd = None
+        actor = remote_worker_class().options(**opts).remote(cwd=cwd, sys_path=[os.getcwd()])
+        return _Slot(actor=actor, bundle=bundle, info={})
+
+    def _order(self, slots: List[_Slot]) -> List[_Slot]:
+        import ray
+
+        infos = self._get([s.actor.info.remote() for s in slots], self.start_timeout_s, "start")
+        for slot, info in zip(slots, infos):
+            slot.info = info
+        order = assign_ranks([s.info["node_id"] for s in slots], cluster.driver_node_id())
+        return [slots[i] for i in order]
+
+    def _form(self, new: set) -> None:
+        """Join every worker into a new process group: ``setup`` on new ones, ``reform`` on others."""
+        infos = rank_infos([s.info["node_id"] for s in self._slots])
+        master = self._slots[0]
+        addr = master.info["node_ip"]
+        port = self._get([master.actor.free_port.remote()], 30, "start")[0] if self.backend != "none" else 0
+        refs = []
+        for rank, (slot, info) in enumerate(zip(self._slots, infos)):
+            slot.rank_info = info
+            env = info.env(addr, port)
+            if rank in new:
+                refs.append(slot.actor.setup.remote(info.context(self.name), env, self.backend, addr, port, 1800.0))
+            else:
+                refs.append(slot.actor.reform.remote(info.context(self.name), env, addr, port))
+        results = self._get(refs, self.start_timeout_s, "form the process group of")
+        for rank, (slot, res) in enumerate(zip(self._slots, results)):
+            if rank in new:
+                slot.device = res["device"]
+            slot.state = "idle"
+            slot.error = ""
+
+    def _get(self, refs: List[Any], timeout: float, what: str) -> List[Any]:
+        import ray
+
+        try:
+            return ray.get(refs, timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise GroupError(
+                f"the workers did not {what} the group within {timeout:g} s "
+                f"({len(refs)} workers); raise start_timeout_s or check `ray status`"
+            ) from None
+        except ray.exceptions.RayActorError as exc:
+            raise GroupError(f"a worker died while trying to {what} the group: {_first_line(exc)}") from None
+
+    def _reform(self) -> None:
+        self._form(new=set())
+
+    # -- running code --------------------------------------------------------------------
+
+    def _targets(self, ranks: Optional[Sequence[int]]) -> List[int]:
+        if ranks is None:
+            return list(range(self.num_workers))
+        bad = [r for r in ranks if not isinstance(r, int) or not 0 <= r < self.num_workers]
+        if bad:
+            raise GroupError(f"ranks {bad} do not exist: the group has ranks 0..{self.num_workers - 1}")
+        return sorted(set(ranks))
+
+    def run(self, source: str, ranks: Optional[Sequence[int]] = None, *, output: str = "rank0",
+            sink: Optional[OutputSink] = None) -> CellResult:
+        """Run cell source in each worker's persistent namespace (IPython semantics).
+
+        Output streams to ``sink`` while the cell runs; the value of a trailing
+        expression is rendered on the worker and passed to ``sink.value``.
+
+        Args:
+            source: the cell's code.
+            ranks: the ranks to run on (default: all).
+            output: ``rank0`` (the lowest targeted rank), ``all`` (labelled) or ``none``.
+            sink: where output goes (default: this process's stdout/stderr).
+
+        Returns:
+            A :class:`CellResult`.
+
+        Raises:
+            WorkerError: the cell raised on some ranks (merged, shown as the cell's traceback).
+        """
+        if output not in OUTPUT_MODES:
+            raise GroupError(f"output={output!r} is unknown: use rank0, all or none")
+        self._check_usable()
+        targets = self._targets(ranks)
+        self._cell_seq += 1
+        cell_id = self._cell_seq
+        if not needs_ipython(source):
+            try:
+                compile(source, f"<cell-{cell_id}>", "exec")
+            except SyntaxError as exc:  # reported once, before any worker runs anything
+                tb = format_user_traceback(exc)
+                raise WorkerError([RankFailure(r, "SyntaxError", str(exc), tb) for r in targets]) from None
+        started = time.perf_counter()
+        shown = targets[:1] if output == "rank0" else targets
+        results = self._dispatch(lambda s: s.actor.run_cell.remote(source, cell_id, True), targets,
+                                 sink or TextSink(), output, shown)
+        values = {r: res.get("value") for r, res in results.items()}
+        return CellResult(values=values, duration=time.perf_counter() - started)
+
+    def execute(self, fn: Callable[..., Any], *args: Any, ranks: Optional[Sequence[int]] = None,
+                sink: Optional[OutputSink] = None, **kwargs: Any) -> List[Any]:
+        """Call ``fn(*args, **kwargs)`` on each targeted worker; return per-rank results in rank order."""
+        self._check_usable()
+        targets = self._targets(ranks)
+        results = self._dispatch(lambda s: s.actor.execute.remote(fn, args, kwargs), targets,
+                                 sink or TextSink(), "rank0", targets[:1])
+        return [results[r]["value"] for r in targets]
+
+    def _dispatch(self, submit: Callable[[_Slot], Any], targets: List[int], sink: OutputSink,
+                  mode: str, shown: Sequence[int]) -> Dict[int, Dict[str, Any]]:
+        from .dispatch import Dispatch
+
+        with self._lock:
+            self._set_state(GroupState.RUNNING)
+            for r in targets:
+                self._slots[r].state = "running"
+            try:
+                run = Dispatch(self, {submit(self._slots[r]): r for r in targets}, sink, mode, shown)
+                results = run.collect()
+            except BaseException:
+                self._settle({})
+                raise
+            return self._finish(run, results, sink, mode, shown)
+
+    def _finish(self, run: Any, results: Dict[int, Dict[str, Any]], sink: OutputSink, mode: str,
+                shown: Sequence[int]) -> Dict[int, Dict[str, Any]]:
+        failures = [res["failure"] for res in results.values() if res.get("failure") is not None]
+        if mode != "none":
+            for rank in shown:
+                value = results.get(rank, {}).get("value")
+                if value is not None and not failures and isinstance(value, tuple):
+                    sink.value(rank, value[0], value[1], mode == "all")
+        self._settle(results)
+        dead = [r for r, res in results.items() if res.get("dead")]
+        broken = run.released or any(res.get("pg_broken") or res.get("interrupted") for res in results.values())
+        replaced = any(res.get("replaced") for res in results.values())
+        if not dead and not replaced and broken and self.backend != "none":
+            self._reform()
+        if failures:
+            released = sorted(r for r, res in results.items()
+                              if res.get("failure") is not None and res["failure"].collateral)
+            raise WorkerError(failures, released=released if len(released) < len(failures) else ())
+        return results
+
+    def _settle(self, results: Dict[int, Dict[str, Any]]) -> None:
+        any_dead = False
+        for slot in self._slots:
+            rank = slot.rank_info.world_rank if slot.rank_info else -1
+            res = results.get(rank, {})
+            if res.get("dead"):
+                slot.state, slot.error, any_dead = "dead", res["failure"].message, True
+            elif slot.state == "running":
+                slot.state = "failed" if res.get("failure") is not None else "idle"
+                slot.error = res["failure"].message if res.get("failure") is not None else ""
+            elif slot.state == "dead":
+                any_dead = True
+        self._set_state(GroupState.FAILED if any_dead else GroupState.IDLE)
+
+    def record_metrics(self, records: Sequence[Dict[str, Any]]) -> None:
+        """Keep reported metrics per rank: the latest and a capped history."""
+        for rec in records:
+            rank = rec["rank"]
+            self.latest_metrics[rank] = rec["metrics"]
+            self.metrics_history.setdefault(rank, collections.deque(maxlen=METRICS_HISTORY)).append(rec)
+
+    # -- moving values -------------------------------------------------------------------
+
+    def push(self, **values: Any) -> None:
+        """Bind ``values`` in every worker's namespace.
+
+        Raises:
+            GroupError: a value cannot be pickled (names the variable).
+        """
+        import cloudpickle
+        import ray
+
+        self._check_usable()
+        for name, value in values.items():
+            try:
+                cloudpickle.dumps(value)
+            except Exception as exc:
+                raise GroupError(f"cannot push {name!r}: a {type(value).__name__} cannot be pickled ({exc})") from None
+        ref = ray.put(values)
+        self._get([s.actor.push.remote(ref) for s in self._slots], 120, "receive values in")
+
+    def pull(self, name: str, rank: Optional[int] = 0) -> Any:
+        """A variable from one rank (default 0) or, with ``rank=None``, a list from every rank.
+
+        DDP models come back unwrapped and tensors on the CPU.
+
+        Raises:
+            GroupError: the name is not defined on a rank.
+        """
+        import ray
+
+        self._check_usable()
+        targets = self._targets(None if rank is None else [rank])
+        try:
+            values = ray.get([self._slots[r].actor.pull.remote(name) for r in targets], timeout=300)
+        except ray.exceptions.RayTaskError as exc:
+            cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+            raise GroupError(str(cause).splitlines()[0] if str(cause) else repr(cause)) from None
+        return values if rank is None else values[0]
+
+    def reload(self, module: str) -> List[str]:
+        """Re-import ``module`` on every rank (after editing it); returns its file per rank."""
+        self._check_usable()
+        return self.execute(_reload, module)
+
+    # -- looking and controlling ---------------------------------------------------------
+
+    def status(self) -> List[WorkerStatus]:
+        """One :class:`WorkerStatus` per rank; dead workers show as ``dead``."""
+        import ray
+
+        live = [s for s in self._slots if s.state != "dead"]
+        refs = {s.actor.ping.remote(): s for s in live}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=3.0)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                refs[ref].state, refs[ref].error = "dead", _first_line(exc)
+        if any(s.state == "dead" for s in self._slots) and self.state is GroupState.IDLE:
+            self._set_state(GroupState.FAILED)
+        return [
+            WorkerStatus(rank=i, node=s.info.get("node_ip", "?"), pid=s.info.get("pid", 0), device=s.device,
+                         state=s.state, last_metrics=dict(self.latest_metrics.get(i, {})), error=s.error)
+            for i, s in enumerate(self._slots)
+        ]
+
+    def interrupt(self) -> List[Dict[str, Any]]:
+        """Interrupt the running code on every rank (KeyboardInterrupt in user code)."""
+        import ray
+
+        refs = [s.actor.interrupt.remote() for s in self._slots if s.state != "dead"]
+        out = []
+        for ref in refs:
+            try:
+                out.append(ray.get(ref, timeout=INTERRUPT_WAIT_S + 3))
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+                out.append({"state": "unreachable", "error": _first_line(exc)})
+        return out
+
+    def replace(self, ranks: Sequence[int]) -> None:
+        """Replace the workers of ``ranks`` with fresh ones (their namespaces are lost)."""
+        import ray
+
+        for r in ranks:
+            slot = self._slots[r]
+            try:
+                ray.kill(slot.actor, no_restart=True)
+            except Exception:
+                pass
+            fresh = self._spawn(slot.bundle)
+            fresh.info = self._get([fresh.actor.info.remote()], self.start_timeout_s, "start")[0]
+            self._slots[r] = fresh
+        self._form(new=set(ranks))
+        self._set_state(GroupState.IDLE)
+
+    def shutdown(self) -> None:
+        """Stop every worker and free the resources (the Ray instance stays up)."""
+        global _ACTIVE
+        if self.state is GroupState.SHUTDOWN:
+            return
+        self._teardown()
+        self._set_state(GroupState.SHUTDOWN)
+        if _ACTIVE is self:
+            _ACTIVE = None
+
+    def _teardown(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        live = [s for s in self._slots if s.state != "dead"]
+        if live:
+            ray.wait([s.actor.shutdown_backend.remote() for s in live], num_returns=len(live), timeout=5)
+        for s in self._slots:
+            try:
+                ray.kill(s.actor, no_restart=True)
+            except Exception:
+                pass
+        try:
+            remove_placement_group(self._pg)
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return f"WorkerGroup(name={self.name!r}, workers={self.num_workers}, backend={self.backend!r}, state={self.state.value!r})"
+
+
+def _reload(module: str) -> str:
+    import importlib
+
+    importlib.invalidate_caches()
+    mod = sys.modules.get(module)
+    mod = importlib.reload(mod) if mod is not None else importlib.import_module(module)
+    return getattr(mod, "__file__", "") or ""
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,163 @@
+"""Worker-side API, named as in Ray Train: ``report``, ``get_context``, ``get_checkpoint``.
+
+These functions are called by user code running on a worker (in a notebook
+cell or in a trainer's loop). They never import torch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainContext:
+    """Where this worker stands in the group (Ray Train's ``TrainContext``)."""
+
+    world_rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    experiment_name: str = ""
+
+    def get_world_rank(self) -> int:
+        """This worker's rank in the group, 0..world_size-1."""
+        return self.world_rank
+
+    def get_world_size(self) -> int:
+        """Number of workers in the group."""
+        return self.world_size
+
+    def get_local_rank(self) -> int:
+        """This worker's rank among the workers on its node."""
+        return self.local_rank
+
+    def get_local_world_size(self) -> int:
+        """Number of workers on this worker's node."""
+        return self.local_world_size
+
+    def get_node_rank(self) -> int:
+        """Index of this worker's node among the group's nodes."""
+        return self.node_rank
+
+    def get_experiment_name(self) -> str:
+        """The run's name."""
+        return self.experiment_name
+
+    def get_trial_name(self) -> str:
+        return self.experiment_name
+
+
+def _plain(value: Any) -> Any:
+    """A reported value as a plain Python number where it is a 1-element tensor/array."""
+    item = getattr(value, "item", None)
+    if item is not None and callable(item):
+        try:
+            return item()
+        except (ValueError, RuntimeError, TypeError):
+            return value
+    return value
+
+
+class WorkerSession:
+    """Per-process state the worker-side API reads; set up by the worker actor."""
+
+    def __init__(self, context: TrainContext, history: int = 10_000) -> None:
+        self.context = context
+        self._lock = threading.Lock()
+        self._pending: List[Dict[str, Any]] = []
+        self._seq = 0
+        self.history = history
+        self.reports_this_cell = 0
+        self.on_report: Optional[Callable[[Dict[str, Any]], None]] = None
+
+    def report(self, metrics: Dict[str, Any], total: Optional[int] = None) -> None:
+        if not isinstance(metrics, dict):
+            raise TypeError(f"report() takes a dict of metrics, got {type(metrics).__name__}: "
+                            "call report({'loss': loss}) ")
+        record = {
+            "rank": self.context.world_rank,
+            "time": time.time(),
+            "metrics": {str(k): _plain(v) for k, v in metrics.items()},
+        }
+        if total is not None:
+            record["total"] = int(total)
+        with self._lock:
+            self._seq += 1
+            record["seq"] = self._seq
+            if len(self._pending) < self.history:
+                self._pending.append(record)
+            else:  # the driver is not draining: keep the newest
+                self._pending.pop(0)
+                self._pending.append(record)
+            self.reports_this_cell += 1
+        if self.on_report is not None:
+            self.on_report(record)
+
+    def drain(self) -> List[Dict[str, Any]]:
+        with self._lock:
+            out, self._pending = self._pending, []
+            return out
+
+
+_session: Optional[WorkerSession] = None
+
+
+def _set_session(session: Optional[WorkerSession]) -> None:
+    global _session
+    _session = session
+
+
+def _get_session(fn: str) -> WorkerSession:
+    if _session is None:
+        raise RuntimeError(
+            f"raytrain_nb.{fn}() works only on a worker: call it inside a %%distributed cell, "
+            "a WorkerGroup.run/execute, or a trainer's train_loop_per_worker"
+        )
+    return _session
+
+
+def get_context() -> TrainContext:
+    """The calling worker's :class:`TrainContext` (rank, world size, node rank...).
+
+    Example:
+        >>> ctx = raytrain_nb.get_context()          # doctest: +SKIP
+        >>> ctx.get_world_rank(), ctx.get_world_size()  # doctest: +SKIP
+        (0, 2)
+    """
+    return _get_session("get_context").context
+
+
+def report(metrics: Dict[str, Any], checkpoint: Any = None, *, total: Optional[int] = None) -> None:
+    """Report metrics from a worker; they reach the driver within 300 ms.
+
+    Never blocks training: the record is queued and the driver collects it.
+
+    Args:
+        metrics: a dict of numbers (1-element tensors are converted).
+        checkpoint: a ``Checkpoint`` to save with these metrics.
+        total: the total number of steps, for progress bars.
+
+    Raises:
+        NotImplementedError: for ``checkpoint=`` until checkpoints land.
+    """
+    session = _get_session("report")
+    if checkpoint is not None:
+        raise NotImplementedError(
+            "report(checkpoint=...) is not available yet: report metrics only for now"
+        )
+    session.report(metrics, total=total)
+
+
+def get_checkpoint() -> Any:
+    """The latest committed checkpoint of this run, or ``None`` (none exist yet)."""
+    _get_session("get_checkpoint")
+    return None
+
+
+def get_dataset_shard(name: str = "train") -> Any:
+    """This worker's shard of a dataset attached to the group or trainer."""
+    _get_session("get_dataset_shard")
+    raise NotImplementedError(f"get_dataset_shard({name!r}): datasets are not supported yet")

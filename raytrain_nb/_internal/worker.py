@@ -1,0 +1,371 @@
+"""The worker: one per rank, a plain class wrapped with ``ray.remote`` when spawned.
+
+User code (cells and functions) runs on one long-lived thread per worker, so
+grad mode, autocast and the CUDA device persist between cells. Control calls
+(``poll``, ``interrupt``, ``release``, ``ping``) run in a separate Ray
+concurrency group and are answered while a cell runs.
+"""
+from __future__ import annotations
+
+import builtins
+import concurrent.futures
+import ctypes
+import logging
+import os
+import queue
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from . import cell as cellmod
+from .backend import free_port, process_group_state
+from .capture import OutputBuffer, OutputCapture
+from .display import WorkerDisplay
+from .errors import RankFailure, failure_from_exception
+from .session import TrainContext, WorkerSession, _set_session
+
+logger = logging.getLogger(__name__)
+
+
+class CellThread:
+    """A single long-lived thread that runs submitted callables in order."""
+
+    def __init__(self) -> None:
+        self._queue: "queue.Queue[Any]" = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="rtnb-cell", daemon=True)
+        self._thread.start()
+
+    @property
+    def ident(self) -> Optional[int]:
+        return self._thread.ident
+
+    def _loop(self) -> None:
+        while True:
+            fn, args, fut = self._queue.get()
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(*args))
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                    fut.set_exception(exc)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> "concurrent.futures.Future[Any]":
+        fut: "concurrent.futures.Future[Any]" = concurrent.futures.Future()
+        self._queue.put((fn, args, fut))
+        return fut
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return self.submit(fn, *args).result()
+
+
+def _to_cpu(value: Any) -> Any:
+    """A value fit to travel to a driver without GPUs: unwrapped DDP, tensors on CPU."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return value
+    if isinstance(value, torch.nn.parallel.DistributedDataParallel):
+        value = value.module
+    if isinstance(value, torch.nn.Module):
+        if any(p.device.type != "cpu" for p in list(value.parameters()) + list(value.buffers())):
+            import copy
+
+            value = copy.deepcopy(value).to("cpu")
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu() if value.device.type != "cpu" else value
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
+
+
+class Worker:
+    """One rank of a :class:`~raytrain_nb.WorkerGroup` (a Ray actor when spawned)."""
+
+    def __init__(self, cwd: Optional[str] = None, sys_path: Sequence[str] = (),
+                 env: Optional[Dict[str, str]] = None, capture: bool = True) -> None:
+        os.environ.setdefault("MPLBACKEND", "Agg")
+        for key, value in (env or {}).items():
+            os.environ[key] = value
+        if cwd and os.path.isdir(cwd):
+            os.chdir(cwd)
+        for entry in reversed(list(sys_path)):
+            if entry not in sys.path:
+                sys.path.insert(0, entry)
+        self.namespace: Dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+        self._buffer: Optional[OutputBuffer] = None
+        self._capture = OutputCapture()
+        if capture:
+            self._capture.install()
+        self._display = WorkerDisplay(self.namespace, self._publish)
+        self.namespace["display"] = self._display.display
+        self._cells = CellThread()
+        self._lock = threading.Lock()
+        self._in_user = False
+        self._interrupt_pending = False
+        self._interrupted = False
+        self._running: Optional[str] = None
+        self._done = threading.Event()
+        self._done.set()
+        self.pg = process_group_state()
+        self.session: Optional[WorkerSession] = None
+        self.rank = -1
+        self._cell_count = 0
+
+    # -- identity and setup --------------------------------------------------------------
+
+    def info(self) -> Dict[str, Any]:
+        """Where this worker lives: node, IP, pid, GPU ids."""
+        out: Dict[str, Any] = {"pid": os.getpid(), "hostname": os.uname().nodename}
+        try:
+            import ray
+
+            ctx = ray.get_runtime_context()
+            out["node_id"] = ctx.get_node_id()
+            out["node_ip"] = ray.util.get_node_ip_address()
+            out["gpu_ids"] = [str(g) for g in ray.get_gpu_ids()]
+        except Exception:  # not inside Ray (unit tests)
+            out.update(node_id="local", node_ip="127.0.0.1", gpu_ids=[])
+        out["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+        return out
+
+    def free_port(self) -> int:
+        return free_port()
+
+    def setup(self, context: Dict[str, Any], env: Dict[str, str], backend: str,
+              master_addr: str, master_port: int, timeout_s: float) -> Dict[str, Any]:
+        """Set rank variables, then join the process group (on the cell thread)."""
+        return self._cells.call(self._setup, context, env, backend, master_addr, master_port, timeout_s)
+
+    def _setup(self, context: Dict[str, Any], env: Dict[str, str], backend: str,
+               master_addr: str, master_port: int, timeout_s: float) -> Dict[str, Any]:
+        os.environ.update(env)
+        ctx = TrainContext(**context)
+        self.rank = ctx.world_rank
+        if self.session is None:
+            self.session = WorkerSession(ctx)
+        else:
+            self.session.context = ctx
+        _set_session(self.session)
+        device = "cpu"
+        if backend != "none":
+            import torch
+
+            if torch.cuda.is_available() and os.environ.get("CUDA_VISIBLE_DEVICES", "") not in ("", "-1"):
+                torch.cuda.set_device(0)
+                device = f"cuda:{torch.cuda.current_device()} ({torch.cuda.get_device_name()})"
+            self.pg.init(backend, master_addr, master_port, ctx.world_rank, ctx.world_size, timeout_s)
+        else:
+            self.pg.backend = "none"
+        return {"device": device}
+
+    def reform(self, context: Dict[str, Any], env: Dict[str, str], master_addr: str, master_port: int) -> int:
+        """Re-form the process group (same or new size) and re-wrap DDP models."""
+        return self._cells.call(self._reform, context, env, master_addr, master_port)
+
+    def _reform(self, context: Dict[str, Any], env: Dict[str, str], master_addr: str, master_port: int) -> int:
+        os.environ.update(env)
+        ctx = TrainContext(**context)
+        self.rank = ctx.world_rank
+        if self.session is not None:
+            self.session.context = ctx
+        if self.pg.backend == "none":
+            return 0
+        return self.pg.reform(master_addr, master_port, ctx.world_rank, ctx.world_size)
+
+    # -- running user code ---------------------------------------------------------------
+
+    def _publish(self, data: Dict[str, Any], metadata: Dict[str, Any]) -> None:
+        buf = self._buffer
+        if buf is not None:
+            buf.display(data, metadata)
+
+    def _enter_user(self) -> None:
+        with self._lock:
+            self._in_user = True
+            self._interrupt_pending = False
+
+    def _leave_user(self) -> None:
+        # An interrupt aimed at user code must never fire in ours: clear it if pending.
+        while True:
+            try:
+                with self._lock:
+                    self._in_user = False
+                    if self._interrupt_pending:
+                        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._cells.ident), None)
+                        self._interrupt_pending = False
+                return
+            except KeyboardInterrupt:
+                continue
+
+    def _call_user(self, fn: Callable[..., Any], *args: Any) -> Any:
+        self._enter_user()
+        try:
+            return fn(*args)
+        finally:
+            while True:
+                try:
+                    self._leave_user()
+                    break
+                except KeyboardInterrupt:
+                    continue
+
+    def _failure(self, exc: BaseException) -> RankFailure:
+        tb = cellmod.format_user_traceback(exc)
+        return failure_from_exception(self.rank, exc, tb, node=os.uname().nodename)
+
+    def _begin(self, label: str) -> OutputBuffer:
+        buf = OutputBuffer()
+        with self._lock:
+            self._buffer = buf
+            self._running = label
+            self._interrupted = False
+            self._done.clear()
+        self._capture.start(buf)
+        if self.session is not None:
+            self.session.reports_this_cell = 0
+        return buf
+
+    def _end(self, result: Dict[str, Any]) -> Dict[str, Any]:
+        try:
+            self._capture.stop()
+        finally:
+            with self._lock:
+                buf, self._buffer = self._buffer, None
+                self._running = None
+                result["outputs"] = buf.drain() if buf is not None else []
+                result["metrics"] = self.session.drain() if self.session is not None else []
+                result["reports"] = self.session.reports_this_cell if self.session is not None else 0
+                result["interrupted"] = self._interrupted
+                result["pg_broken"] = self.pg.broken
+                self._done.set()
+        return result
+
+    def run_cell(self, source: str, cell_id: int, show_value: bool = True) -> Dict[str, Any]:
+        """Run cell source in the persistent namespace; return outputs, value and failure."""
+        return self._cells.call(self._run_cell, source, cell_id, show_value)
+
+    def _run_cell(self, source: str, cell_id: int, show_value: bool) -> Dict[str, Any]:
+        filename = f"<cell-{cell_id}>"
+        self._begin(filename)
+        result: Dict[str, Any] = {"rank": self.rank, "failure": None, "value": None}
+        started = time.perf_counter()
+        try:
+            try:
+                if cellmod.needs_ipython(source) or "display" in source or "IPython" in source:
+                    self._display.ensure_shell()
+                code = cellmod.transform(source)
+                body, tail = cellmod.compile_cell(code, filename)
+                value = self._call_user(cellmod.run_compiled, body, tail, self.namespace)
+                self._display.flush_figures()
+                if show_value and value is not None:
+                    result["value"] = self._display.format(value)
+            except BaseException as exc:  # noqa: BLE001 - reported to the driver
+                try:
+                    self._display.flush_figures()
+                except Exception:
+                    pass
+                result["failure"] = self._failure(exc)
+        finally:
+            result["duration"] = time.perf_counter() - started
+            self._end(result)
+        return result
+
+    def execute(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, Any]) -> Dict[str, Any]:
+        """Call ``fn(*args, **kwargs)`` on the cell thread; return its value or failure."""
+        return self._cells.call(self._execute, fn, args, kwargs)
+
+    def _execute(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, Any]) -> Dict[str, Any]:
+        self._begin(getattr(fn, "__name__", "function"))
+        result: Dict[str, Any] = {"rank": self.rank, "failure": None, "value": None}
+        started = time.perf_counter()
+        try:
+            try:
+                result["value"] = self._call_user(fn, *args, **kwargs) if not kwargs else \
+                    self._call_user(lambda: fn(*args, **kwargs))
+            except BaseException as exc:  # noqa: BLE001
+                result["failure"] = self._failure(exc)
+        finally:
+            result["duration"] = time.perf_counter() - started
+            self._end(result)
+        return result
+
+    def push(self, values: Dict[str, Any]) -> None:
+        self.namespace.update(values)
+
+    def pull(self, name: str) -> Any:
+        if name not in self.namespace:
+            raise NameError(f"name {name!r} is not defined on rank {self.rank}")
+        return _to_cpu(self.namespace[name])
+
+    def shutdown_backend(self) -> None:
+        try:
+            self.pg.destroy()
+        except Exception as exc:
+            logger.debug("shutdown: %s", exc)
+
+    # -- control channel (answered while a cell runs) -------------------------------------
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def poll(self) -> Dict[str, Any]:
+        """Output and metrics produced since the last poll."""
+        with self._lock:
+            buf = self._buffer
+            running = self._running
+        return {
+            "outputs": buf.drain() if buf is not None else [],
+            "metrics": self.session.drain() if self.session is not None else [],
+            "running": running,
+        }
+
+    def release(self) -> bool:
+        """Break this rank's process group so peers blocked in a collective fail at once."""
+        return self.pg.break_()
+
+    def stack(self) -> str:
+        """The Python stack of the cell thread."""
+        frame = sys._current_frames().get(self._cells.ident)
+        return "".join(traceback.format_stack(frame)) if frame is not None else ""
+
+    def interrupt(self, grace_s: float = 0.3, release_wait_s: float = 1.2) -> Dict[str, Any]:
+        """Raise KeyboardInterrupt in the running user code; release it if blocked in C.
+
+        Returns:
+            ``{"state": "idle"|"stopped"|"released"|"stuck", "stack": ...}``.
+        """
+        with self._lock:
+            if not self._in_user:
+                return {"rank": self.rank, "state": "idle" if self._done.is_set() else "finishing"}
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(self._cells.ident), ctypes.py_object(KeyboardInterrupt)
+            )
+            self._interrupt_pending = True
+            self._interrupted = True
+        if self._done.wait(grace_s):
+            return {"rank": self.rank, "state": "stopped"}
+        # Still running: probably blocked in a C call such as a collective.
+        self.pg.break_()
+        if self._done.wait(release_wait_s):
+            return {"rank": self.rank, "state": "released"}
+        return {"rank": self.rank, "state": "stuck", "stack": self.stack()}
+
+
+CONTROL_METHODS = ("ping", "poll", "release", "stack", "interrupt")
+for _name in CONTROL_METHODS:  # what ray.method(concurrency_group="control") sets
+    getattr(Worker, _name).__ray_concurrency_group__ = "control"
+
+_REMOTE: Any = None
+
+
+def remote_worker_class() -> Any:
+    """``Worker`` as a Ray actor class with a ``control`` concurrency group."""
+    global _REMOTE
+    if _REMOTE is None:
+        import ray
+
+        _REMOTE = ray.remote(concurrency_groups={"control": 2})(Worker)
+    return _REMOTE
