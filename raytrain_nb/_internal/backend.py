@@ -22,7 +22,10 @@ logger = logging.getLogger(__name__)
 SUPPORTED_BACKENDS = ("gloo", "nccl", "none")
 
 
-def _inet_inodes() -> Set[str]:
+_ESTABLISHED = "01"
+
+
+def _inet_inodes(established_only: bool = False) -> Set[str]:
     inodes: Set[str] = set()
     for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
         try:
@@ -30,16 +33,16 @@ def _inet_inodes() -> Set[str]:
                 next(fh, None)
                 for line in fh:
                     parts = line.split()
-                    if len(parts) > 9:
+                    if len(parts) > 9 and (not established_only or parts[3] == _ESTABLISHED):
                         inodes.add(parts[9])
         except OSError:
             continue
     return inodes
 
 
-def inet_socket_fds() -> Dict[int, str]:
-    """Map fd -> socket inode for this process's TCP sockets."""
-    inet = _inet_inodes()
+def inet_socket_fds(established_only: bool = False) -> Dict[int, str]:
+    """Map fd -> socket inode for this process's TCP sockets (listening ones too unless asked)."""
+    inet = _inet_inodes(established_only)
     out: Dict[int, str] = {}
     try:
         names = os.listdir("/proc/self/fd")
@@ -113,7 +116,8 @@ class ProcessGroupState:
             if self.broken or self.backend == "none":
                 return False
             self.broken = True
-            current = inet_socket_fds()
+            # Connected sockets only: shutting down gloo's listener aborts the process.
+            current = inet_socket_fds(established_only=True)
             for fd, inode in self._sockets.items():
                 if current.get(fd) != inode:
                     continue  # closed or reused since: not ours any more

@@ -71,8 +71,12 @@ def run_compiled(body: Optional[CodeType], tail: Optional[CodeType], namespace: 
 _OWN_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
+_RAY_DIR = os.sep + "ray" + os.sep
+
+
 def _is_ours(filename: str) -> bool:
-    return filename.startswith(_OWN_DIR) or "/ray/_private/" in filename or "/ray/_raylet" in filename
+    """Frames of this package's internals or of Ray's machinery (never the user's)."""
+    return filename.startswith(_OWN_DIR) or (_RAY_DIR in filename and "site-packages" in filename)
 
 
 def format_user_traceback(exc: BaseException) -> str:

@@ -76,6 +76,8 @@ def connect(address: Optional[str] = None) -> None:
     global _started_by_us
     import ray
 
+    # Ray says on every start that token authentication is on; it stays on, the notice goes.
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     with _lock:
         if ray.is_initialized():
             return

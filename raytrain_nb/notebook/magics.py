@@ -1,0 +1,211 @@
+"""IPython magics: ``%%distributed`` and the ``%dist_*`` line magics.
+
+Each magic parses its arguments with IPython's ``magic_arguments`` and calls
+one public method of :class:`~raytrain_nb.WorkerGroup`; errors in the use of a
+magic are one-line ``UsageError``s.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, List, Optional
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from .._internal.errors import GroupError
+from .._internal.group import GroupState, WorkerGroup, active_group
+from .._internal.status import format_status
+from .sink import NotebookSink
+
+_SHAPING = (("workers", "num_workers"), ("cpus", "cpus_per_worker"), ("gpus", "gpus_per_worker"),
+            ("backend", "backend"), ("address", "address"))
+
+
+def _ranks(text: Optional[str]) -> Optional[List[int]]:
+    if not text:
+        return None
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"--ranks {text!r} is not a list of ranks: write e.g. --ranks 0,2") from None
+
+
+def _need_group() -> WorkerGroup:
+    group = active_group()
+    if group is None or group.state is GroupState.SHUTDOWN:
+        raise UsageError("no distributed group yet: run a %%distributed cell first (it starts the workers)")
+    return group
+
+
+@magics_class
+class DistributedMagics(Magics):
+    """The magics registered by ``%load_ext raytrain_nb``."""
+
+    # -- %%distributed ---------------------------------------------------------------------
+
+    @magic_arguments()
+    @argument("--workers", "-n", type=int, default=None, help="number of workers (first cell; default 2)")
+    @argument("--gpus", type=float, default=None, help="GPUs per worker (first cell; default 0)")
+    @argument("--cpus", type=float, default=None, help="CPUs per worker (first cell; default 1)")
+    @argument("--backend", choices=["gloo", "nccl", "none"], default=None,
+              help="torch.distributed backend (first cell; default nccl with GPUs, gloo without)")
+    @argument("--address", default=None, help="Ray cluster address (first cell; default RAY_ADDRESS or a local instance)")
+    @argument("--ranks", default=None, help="run on these ranks only, e.g. 0,2")
+    @argument("--output", choices=["rank0", "all", "none"], default="rank0",
+              help="whose output to show: rank0 (default), all (labelled), none")
+    @argument("--push", default=None, help="notebook variables to send first, e.g. a,b")
+    @cell_magic
+    def distributed(self, line: str, cell: str) -> Any:
+        """Run the cell on every worker of the distributed group.
+
+        The first ``%%distributed`` cell starts the group (the flags shape it);
+        later cells run on the same workers, whose variables stay in memory.
+        Output streams back while the cell runs; the value of the last line is
+        shown (rank 0's by default). Ctrl-C / the stop button interrupts every rank.
+
+        Example::
+
+            In [1]: %load_ext raytrain_nb
+
+            In [2]: %%distributed --workers 2
+               ...: import torch, raytrain_nb as train
+               ...: from raytrain_nb.torch import prepare_model
+               ...: model = prepare_model(torch.nn.Linear(10, 1))
+               ...: train.get_context().get_world_rank()
+            Out[2]: 0
+        """
+        args = parse_argstring(self.distributed, line)
+        group = self._group_for(args)
+        if args.push:
+            self._push([n.strip() for n in args.push.split(",") if n.strip()], group)
+        sink = NotebookSink()
+        try:
+            group.run(cell, ranks=_ranks(args.ranks), output=args.output, sink=sink)
+        except GroupError as exc:
+            raise UsageError(str(exc)) from None
+        return sink.result()
+
+    def _group_for(self, args: Any) -> WorkerGroup:
+        group = active_group()
+        given = {attr: getattr(args, flag) for flag, attr in _SHAPING if getattr(args, flag) is not None}
+        if group is not None and group.state is not GroupState.SHUTDOWN:
+            live = {"num_workers": group.num_workers, "cpus_per_worker": group.config.cpus_per_worker,
+                    "gpus_per_worker": group.config.gpus_per_worker, "backend": group.backend,
+                    "address": group.address}
+            diff = [f"--{flag} {given[attr]!r} (the group has {live[attr]!r})" for flag, attr in _SHAPING
+                    if attr in given and given[attr] != live[attr]]
+            if diff:
+                raise UsageError(
+                    f"the live group was started differently: {', '.join(diff)}; resize it with "
+                    "%dist_rescale N, or %dist_shutdown and start a new one"
+                )
+            return group
+        kwargs: Dict[str, Any] = {"num_workers": 2, **given}
+        started = time.perf_counter()
+        try:
+            group = WorkerGroup(**kwargs)
+        except GroupError as exc:
+            raise UsageError(str(exc)) from None
+        print(f"raytrain_nb: {group.num_workers} workers ready ({group.backend}) in "
+              f"{time.perf_counter() - started:.1f} s; run name {group.name}")
+        return group
+
+    # -- line magics -------------------------------------------------------------------------
+
+    def _push(self, names: List[str], group: WorkerGroup) -> None:
+        missing = [n for n in names if n not in self.shell.user_ns]
+        if missing:
+            raise UsageError(f"name(s) {', '.join(missing)} not defined in the notebook: nothing was pushed")
+        try:
+            group.push(**{n: self.shell.user_ns[n] for n in names})
+        except GroupError as exc:
+            raise UsageError(str(exc)) from None
+
+    @line_magic
+    def dist_status(self, line: str) -> None:
+        """Show a table of the group's ranks: rank, node, pid, device, state, last metrics.
+
+        Example::
+
+            In [3]: %dist_status
+        """
+        print(format_status(_need_group().status()))
+
+    @magic_arguments()
+    @argument("names", nargs="+", help="notebook variables to send to every worker")
+    @line_magic
+    def dist_push(self, line: str) -> None:
+        """Send notebook variables to every worker's namespace.
+
+        Example::
+
+            In [4]: lr = 0.01
+            In [5]: %dist_push lr
+        """
+        args = parse_argstring(self.dist_push, line)
+        self._push(args.names, _need_group())
+
+    @magic_arguments()
+    @argument("name", help="the worker variable to fetch")
+    @argument("--rank", type=int, default=0, help="the rank to fetch it from (default 0)")
+    @argument("--all", action="store_true", help="fetch it from every rank, as a list")
+    @line_magic
+    def dist_pull(self, line: str) -> None:
+        """Fetch a worker variable into the notebook (a DDP model unwrapped, tensors on CPU).
+
+        Example::
+
+            In [6]: %dist_pull model
+            In [7]: %dist_pull loss --all
+        """
+        args = parse_argstring(self.dist_pull, line)
+        group = _need_group()
+        if args.all and "--rank" in line:
+            raise UsageError("use either --rank R or --all, not both")
+        try:
+            value = group.pull(args.name, rank=None if args.all else args.rank)
+        except GroupError as exc:
+            raise UsageError(str(exc)) from None
+        self.shell.user_ns[args.name] = value
+
+    @magic_arguments()
+    @argument("module", help="the module to re-import on every worker")
+    @line_magic
+    def dist_reload(self, line: str) -> None:
+        """Re-import a module on every worker after editing it (the notebook's folder is importable).
+
+        Example::
+
+            In [8]: %dist_reload mymodel
+        """
+        args = parse_argstring(self.dist_reload, line)
+        try:
+            _need_group().reload(args.module)
+        except GroupError as exc:
+            raise UsageError(str(exc)) from None
+
+    @line_magic
+    def dist_interrupt(self, line: str) -> None:
+        """Interrupt the code running on every rank."""
+        _need_group().interrupt()
+
+    @line_magic
+    def dist_shutdown(self, line: str) -> None:
+        """Stop the workers and free their resources.
+
+        Example::
+
+            In [9]: %dist_shutdown
+        """
+        group = _need_group()
+        group.shutdown()
+        print(f"raytrain_nb: group {group.name} shut down")
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    ipython.register_magics(DistributedMagics)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    pass

@@ -1,0 +1,56 @@
+"""Worker output rendered in a Jupyter cell: text streams, rich display data, the cell's value."""
+from __future__ import annotations
+
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+from IPython.display import publish_display_data
+
+from .._internal.output import Labeller, OutputSink
+
+
+class MimeBundle:
+    """A value already rendered on a worker; IPython shows it as the cell's ``Out``."""
+
+    def __init__(self, data: Dict[str, Any], metadata: Optional[Dict[str, Any]] = None) -> None:
+        self.data = data
+        self.metadata = metadata or {}
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        return self.data, self.metadata
+
+    def __repr__(self) -> str:
+        return str(self.data.get("text/plain", ""))
+
+
+class NotebookSink(OutputSink):
+    """Streams into the running cell's output; display data via IPython's publisher."""
+
+    def __init__(self) -> None:
+        self._label = Labeller()
+        self.values: List[Tuple[int, MimeBundle]] = []
+
+    def stream(self, rank: int, name: str, text: str, label: bool) -> None:
+        target = sys.stderr if name == "stderr" else sys.stdout
+        target.write(self._label(rank, name, text) if label else text)
+        target.flush()
+
+    def display(self, rank: int, data: Dict[str, Any], metadata: Dict[str, Any], label: bool) -> None:
+        if label:
+            sys.stdout.write(f"[rank {rank}]\n")
+            sys.stdout.flush()
+        publish_display_data(data, metadata)
+
+    def value(self, rank: int, data: Dict[str, Any], metadata: Dict[str, Any], label: bool) -> None:
+        if label:
+            text = data.get("text/plain", "")
+            if set(data) == {"text/plain"}:
+                self.stream(rank, "stdout", text.rstrip("\n") + "\n", True)
+            else:
+                self.display(rank, data, metadata, True)
+            return
+        self.values.append((rank, MimeBundle(data, metadata)))
+
+    def result(self) -> Optional[MimeBundle]:
+        """The value to return from the magic (shown as ``Out[n]``)."""
+        return self.values[0][1] if self.values else None

@@ -1,0 +1,23 @@
+"""Shared fixtures: one local Ray instance for the whole session."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Enough logical CPUs for several small groups on a 2-core machine; small object store.
+os.environ.setdefault("RAYTRAIN_NB_NUM_CPUS", "8")
+os.environ.setdefault("RAYTRAIN_NB_OBJECT_STORE_BYTES", str(100 * 1024 * 1024))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """A real local Ray instance shared by every integration test."""
+    import ray
+
+    from raytrain_nb._internal import cluster
+
+    cluster.connect()
+    yield ray
+    ray.shutdown()
