@@ -86,13 +86,15 @@ def format_user_traceback(exc: BaseException) -> str:
     """
     if isinstance(exc, SyntaxError):
         return "".join(traceback.format_exception_only(type(exc), exc)).rstrip("\n")
+    frames = []
     tb: Optional[TracebackType] = exc.__traceback__
-    first = None
     while tb is not None:
-        if not _is_ours(tb.tb_frame.f_code.co_filename):
-            first = tb
-            break
+        frames.append(tb)
         tb = tb.tb_next
+    # Start at the cell's own frame; for a function, at the first frame that is not ours.
+    first = next((f for f in frames if f.tb_frame.f_code.co_filename.startswith("<cell-")), None)
+    if first is None:
+        first = next((f for f in frames if not _is_ours(f.tb_frame.f_code.co_filename)), None)
     lines = ["Traceback (most recent call last):\n"]
     lines += traceback.format_tb(first) if first is not None else []
     lines += traceback.format_exception_only(type(exc), exc)

@@ -128,6 +128,7 @@ class WorkerGroup:
         self.start_timeout_s = start_timeout_s
         self.state = GroupState.STARTING
         self._observers: List[Callable[[GroupState, GroupState], None]] = []
+        self._metric_observers: List[Callable[[Sequence[Dict[str, Any]]], None]] = []
         self._lock = threading.RLock()
         self._slots: List[_Slot] = []
         self._cell_seq = 0
@@ -152,6 +153,10 @@ class WorkerGroup:
     def subscribe(self, callback: Callable[[GroupState, GroupState], None]) -> None:
         """Call ``callback(old, new)`` on every state change."""
         self._observers.append(callback)
+
+    def subscribe_metrics(self, callback: Callable[[Sequence[Dict[str, Any]]], None]) -> None:
+        """Call ``callback(records)`` whenever reported metrics arrive from workers."""
+        self._metric_observers.append(callback)
 
     def _set_state(self, new: GroupState) -> None:
         old, self.state = self.state, new
@@ -359,6 +364,11 @@ class WorkerGroup:
             rank = rec["rank"]
             self.latest_metrics[rank] = rec["metrics"]
             self.metrics_history.setdefault(rank, collections.deque(maxlen=METRICS_HISTORY)).append(rec)
+        for cb in list(self._metric_observers):
+            try:
+                cb(records)
+            except Exception:
+                logger.exception("metrics observer failed")
 
     # -- moving values -------------------------------------------------------------------
 

@@ -1,0 +1,127 @@
+"""The worker class driven directly, without Ray."""
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from raytrain_nb._internal.worker import Worker
+
+
+@pytest.fixture
+def worker():
+    return Worker(capture=False)
+
+
+def test_namespace_persists_and_last_value_is_rendered(worker):
+    assert worker.run_cell("x = 40", 1)["failure"] is None
+    res = worker.run_cell("x + 2", 2)
+    assert res["value"] == ({"text/plain": "42"}, {})
+
+
+def test_rich_repr_is_rendered_on_the_worker(worker):
+    res = worker.run_cell("class H:\n    def _repr_html_(self):\n        return '<b>hi</b>'\nH()", 1)
+    data, _ = res["value"]
+    assert data["text/html"] == "<b>hi</b>" and "text/plain" in data
+
+
+def test_failure_has_the_cells_traceback(worker):
+    res = worker.run_cell("def f(a):\n    return a[3]\nf([])", 5)
+    failure = res["failure"]
+    assert failure.type_name == "IndexError"
+    assert 'File "<cell-5>", line 3' in failure.traceback and "_internal" not in failure.traceback
+    assert worker.run_cell("1", 6)["failure"] is None
+
+
+def test_cells_share_one_long_lived_thread(worker):
+    worker.run_cell("import threading; t0 = threading.get_ident()", 1)
+    res = worker.run_cell("threading.get_ident() == t0", 2)
+    assert res["value"][0]["text/plain"] == "True"
+
+
+def _run_in_thread(worker, source):
+    box = {}
+    th = threading.Thread(target=lambda: box.setdefault("res", worker.run_cell(source, 1)))
+    th.start()
+    return th, box
+
+
+def test_interrupt_stops_python_code_and_keeps_the_namespace(worker):
+    worker.run_cell("kept = 7", 0)
+    th, box = _run_in_thread(worker, "n = 0\nwhile True:\n    n += 1")
+    while worker.poll()["running"] is None:
+        pass
+    out = worker.interrupt()
+    th.join(5)
+    assert out["state"] == "stopped"
+    assert box["res"]["failure"].type_name == "KeyboardInterrupt" and box["res"]["interrupted"]
+    assert worker.run_cell("kept", 2)["value"][0]["text/plain"] == "7"
+
+
+def test_interrupt_when_idle_does_nothing(worker):
+    assert worker.interrupt()["state"] == "idle"
+    assert worker.run_cell("1 + 1", 1)["value"][0]["text/plain"] == "2"
+
+
+def test_rank_blocked_in_c_is_reported_with_its_stack(worker):
+    th, box = _run_in_thread(worker, "import time\ntime.sleep(2.5)\nafter = True")
+    while worker.poll()["running"] is None:
+        pass
+    out = worker.interrupt(grace_s=0.1, release_wait_s=0.2)
+    assert out["state"] == "stuck" and "time.sleep(2.5)" in out["stack"]
+    th.join(10)
+    assert box["res"]["failure"].type_name == "KeyboardInterrupt"
+
+
+def test_interrupts_never_escape_into_library_code(worker):
+    """Hammer short cells with interrupts: every cell either succeeds or fails with
+    KeyboardInterrupt in user code; the worker never raises and keeps working."""
+    stop = threading.Event()
+
+    def hammer():
+        while not stop.is_set():
+            worker.interrupt(grace_s=0.0, release_wait_s=0.0)
+
+    th = threading.Thread(target=hammer)
+    th.start()
+    outcomes = set()
+    try:
+        for i in range(300):
+            res = worker.run_cell("y = sum(range(200))\ny", i)
+            failure = res["failure"]
+            outcomes.add(failure.type_name if failure else "ok")
+    finally:
+        stop.set()
+        th.join()
+    assert outcomes <= {"ok", "KeyboardInterrupt"}
+    assert worker.run_cell("y", 999)["value"][0]["text/plain"] == "19900"
+
+
+def test_push_pull_and_missing_name(worker):
+    worker.push({"a": [1, 2]})
+    assert worker.pull("a") == [1, 2]
+    with pytest.raises(NameError, match="name 'nope' is not defined on rank -1"):
+        worker.pull("nope")
+
+
+def test_fd_level_output_is_captured_per_cell():
+    """Python prints, os.write on fd 1/2 and C printf land in the cell that wrote them."""
+    code = textwrap.dedent("""
+        import ctypes, json, os
+        from raytrain_nb._internal.worker import Worker
+        w = Worker()
+        a = w.run_cell("import os, ctypes\\nprint('py')\\nos.write(1, b'fd1\\\\n')\\nos.write(2, b'fd2\\\\n')\\n"
+                       "libc = ctypes.CDLL(None)\\nlibc.printf(b'c-printf\\\\n')", 1)
+        b = w.run_cell("print('second')", 2)
+        os.write(w._capture._readers[0].saved, (json.dumps([a["outputs"], b["outputs"]]) + "\\n").encode())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    import json
+
+    first, second = json.loads(out.stdout.strip().splitlines()[-1])
+    text = "".join(t for kind, t in first if kind == "stdout")
+    assert "py\n" in text and "fd1\n" in text and "c-printf\n" in text
+    assert ["stderr", "fd2\n"] in first
+    assert second == [["stdout", "second\n"]]
