@@ -157,15 +157,22 @@ class ProcessGroupState:
         with self._lock:
             self._sockets = {}
 
-    def reform(self, master_addr: str, master_port: int, rank: int, world_size: int) -> int:
+    def reform(self, master_addr: str, master_port: int, rank: int, world_size: int,
+               namespace: Optional[Dict[str, Any]] = None) -> int:
         """Replace the process group with a new one; re-wrap tracked DDP models.
 
-        Returns the number of DDP wrappers re-bound.
+        DDP's constructor broadcasts parameters and buffers from rank 0; the
+        optimizers and LR schedulers of those models found in ``namespace``
+        get rank 0's state too, so ranks interrupted at different points of a
+        step agree again. Returns the number of DDP wrappers re-bound.
         """
         backend = self.backend
         self.destroy()
         self.init(backend, master_addr, master_port, rank, world_size)
-        return self.rewrap_all()
+        n = self.rewrap_all()
+        if n and namespace is not None:
+            sync_optimizers(namespace, list(self._wrappers))
+        return n
 
     # -- DDP wrappers made by prepare_model ---------------------------------------------
 
@@ -196,6 +203,42 @@ def rebind_ddp(wrapper: Any) -> None:
     wrapper.__dict__.clear()
     wrapper.__dict__.update(state)
     wrapper._rtnb_ddp_kwargs = kwargs
+
+
+def sync_optimizers(namespace: Dict[str, Any], wrappers: List[Any]) -> int:
+    """Give every rank rank 0's optimizer and LR-scheduler state for the wrapped models.
+
+    Every rank finds the same names (the namespaces are replicated), so the
+    broadcasts line up. Returns the number of objects synchronised.
+    """
+    import torch
+    import torch.distributed as dist
+
+    params = {id(p) for w in wrappers for p in w.module.parameters()}
+    names_sorted = sorted(k for k in namespace if not k.startswith("_"))
+    found: List[Tuple[str, Any]] = [
+        (name, namespace[name]) for name in names_sorted
+        if isinstance(namespace[name], torch.optim.Optimizer)
+        and any(id(p) in params for g in namespace[name].param_groups for p in g["params"])
+    ]
+    optimizers = [o for _, o in found]
+    found += [
+        (name, namespace[name]) for name in names_sorted
+        if isinstance(namespace[name], torch.optim.lr_scheduler.LRScheduler)
+        and any(namespace[name].optimizer is o for o in optimizers)
+    ]
+    names = [name for name, _ in found]
+    agreed = [None] * dist.get_world_size()
+    dist.all_gather_object(agreed, names)
+    if any(a != names for a in agreed):
+        logger.warning("optimizer names differ across ranks; optimizer state not synchronised")
+        return 0
+    for _, obj in found:
+        box = [obj.state_dict() if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        if dist.get_rank() != 0:
+            obj.load_state_dict(box[0])
+    return len(found)
 
 
 _STATE: Optional[ProcessGroupState] = None

@@ -46,6 +46,14 @@ class InterruptTimeout(RaytrainNbError):
     """A rank did not stop after an interrupt."""
 
 
+class StorageError(RaytrainNbError):
+    """A storage path cannot be used (unknown protocol, not writable, not shared)."""
+
+
+class CheckpointError(StorageError):
+    """A checkpoint or the run's checkpoint index is missing, unknown or damaged."""
+
+
 @dataclasses.dataclass
 class RankFailure:
     """What went wrong on one rank, in plain picklable fields.

@@ -173,7 +173,7 @@ class Worker:
             self.session.context = ctx
         if self.pg.backend == "none":
             return 0
-        return self.pg.reform(master_addr, master_port, ctx.world_rank, ctx.world_size)
+        return self.pg.reform(master_addr, master_port, ctx.world_rank, ctx.world_size, self.namespace)
 
     # -- running user code ---------------------------------------------------------------
 

@@ -1,0 +1,171 @@
+"""Ranks that diverge, interrupts, stuck ranks: every rank returns and the group stays usable."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from raytrain_nb import WorkerError, WorkerGroup
+from raytrain_nb._internal.output import CollectSink
+
+from .conftest import SETUP, STEP, rank_params
+
+BLOCK_RANK0_IN_BACKWARD = """
+loss = model(torch.randn(32, 10)).pow(2).mean()
+if rank == 1:
+    print('rank 1 busy', flush=True)
+    {rank1}
+loss.backward()
+"""
+
+
+class EventSink(CollectSink):
+    """Sets ``seen`` when some text appears in the output."""
+
+    def __init__(self, marker):
+        super().__init__()
+        self.marker = marker
+        self.seen = threading.Event()
+
+    def stream(self, rank, name, text, label):
+        super().stream(rank, name, text, label)
+        if self.marker in text:
+            self.seen.set()
+
+    def notice(self, text):
+        super().notice(text)
+        self.seen.set()
+
+
+@pytest.fixture(scope="module")
+def ddp(ray_session):
+    g = WorkerGroup(2)
+    g.run(SETUP, sink=CollectSink())
+    yield g
+    g.shutdown()
+
+
+def assert_trains_identically(g):
+    g.run(STEP, sink=CollectSink())
+    ids = g.run("id(model) == model_id", output="all", sink=CollectSink()).values
+    assert [v[0]["text/plain"] for v in ids.values()] == ["True", "True"]
+    p0, p1 = rank_params(g)
+    assert all((a == b).all() for a, b in zip(p0, p1))
+
+
+def _fd_and_threads(g):
+    return g.execute(lambda: (len(os.listdir("/proc/self/fd")), threading.active_count()))
+
+
+def test_divergent_error_releases_the_waiting_rank(ddp):
+    started = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        ddp.run(BLOCK_RANK0_IN_BACKWARD.format(rank1="raise ValueError('only rank 1 failed')"), sink=CollectSink())
+    assert time.monotonic() - started < 10
+    err = info.value
+    assert err.ranks == [1] and str(err) == "[rank 1] ValueError: only rank 1 failed"
+    assert "rank 0 released" in err.render()
+    assert_trains_identically(ddp)
+
+
+def test_interrupt_releases_a_rank_blocked_in_ddp_backward(ddp):
+    sink = EventSink("rank 1 busy")
+    box = {}
+    runner = threading.Thread(target=lambda: box.setdefault("exc", _expect_error(
+        ddp, BLOCK_RANK0_IN_BACKWARD.format(rank1="while True:\n        pass"), sink)))
+    runner.start()
+    assert sink.seen.wait(60)
+    started = time.monotonic()
+    states = ddp.interrupt()
+    runner.join(10)
+    assert not runner.is_alive() and time.monotonic() - started < 2.0
+    assert {s["state"] for s in states} <= {"stopped", "released"}
+    assert set(box["exc"].type_names) == {"KeyboardInterrupt"}
+    assert_trains_identically(ddp)
+
+
+def _expect_error(g, source, sink):
+    try:
+        g.run(source, sink=sink, output="all")
+    except WorkerError as exc:
+        return exc
+    return None
+
+
+def _sigint_when(event, delay=0.0):
+    def fire():
+        event.wait(60)
+        time.sleep(delay)  # lets the cell get into its loop; the wait above is on the condition
+        os.kill(os.getpid(), signal.SIGINT)
+
+    t = threading.Thread(target=fire, daemon=True)
+    t.start()
+    return t
+
+
+def test_ctrl_c_in_the_driver_interrupts_every_rank(ddp):
+    sink = EventSink("looping")
+    _sigint_when(sink.seen)
+    with pytest.raises(WorkerError) as info:
+        ddp.run("print('looping', flush=True)\nwhile True:\n" + "    " + STEP.strip().replace("\n", "\n    "),
+                sink=sink)
+    assert set(info.value.type_names) == {"KeyboardInterrupt"}
+    assert_trains_identically(ddp)
+
+
+def test_a_stuck_rank_is_named_then_replaced_by_a_second_interrupt(ray_session):
+    g = WorkerGroup(2, backend="none")
+    try:
+        g.run("import time, raytrain_nb as train\nrank = train.get_context().get_world_rank()", sink=CollectSink())
+        pid_before = g.status()[1].pid
+        sink = EventSink("waiting")
+        first = _sigint_when(sink.seen)
+        done = threading.Event()
+
+        def second():
+            first.join()
+            sink.seen.clear()
+            sink.seen.wait(30)  # the notice naming the stuck rank
+            os.kill(os.getpid(), signal.SIGINT)
+            done.set()
+
+        threading.Thread(target=second, daemon=True).start()
+        with pytest.raises(WorkerError) as info:
+            g.run("print('waiting', flush=True)\nif rank == 1:\n    time.sleep(600)", sink=sink)
+        assert done.is_set()
+        notice = "\n".join(sink.notices)
+        assert "rank 1 did not stop after the interrupt" in notice and "time.sleep(600)" in notice
+        assert "replaced by a fresh worker" in info.value.render()
+        rows = g.status()
+        assert rows[1].pid != pid_before and {r.state for r in rows} == {"idle"}
+        assert g.run("import raytrain_nb as train\ntrain.get_context().get_world_rank()", ranks=[1],
+                     sink=CollectSink()).value == "1"
+    finally:
+        g.shutdown()
+
+
+def test_soak_interrupts_and_divergent_errors_leak_nothing(ddp):
+    ddp.run(STEP, sink=CollectSink())
+    before = _fd_and_threads(ddp)
+    for cycle in range(50):
+        if cycle % 2:
+            with pytest.raises(WorkerError):
+                ddp.run(BLOCK_RANK0_IN_BACKWARD.format(rank1="raise ValueError('x')"), sink=CollectSink())
+        else:
+            sink = EventSink("rank 1 busy")
+            runner = threading.Thread(target=_expect_error, args=(
+                ddp, BLOCK_RANK0_IN_BACKWARD.format(rank1="while True:\n        pass"), sink))
+            runner.start()
+            assert sink.seen.wait(60)
+            ddp.interrupt()
+            runner.join(30)
+            assert not runner.is_alive()
+        ddp.run(STEP, sink=CollectSink())
+    after = _fd_and_threads(ddp)
+    for (fd0, th0), (fd1, th1) in zip(before, after):
+        assert fd1 <= fd0 + 2, f"file descriptors grew from {fd0} to {fd1}"
+        assert th1 <= th0 + 1, f"threads grew from {th0} to {th1}"
+    assert_trains_identically(ddp)
