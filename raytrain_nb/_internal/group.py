@@ -247,6 +247,10 @@ class WorkerGroup:
             ) from None
         except ray.exceptions.RayActorError as exc:
             raise GroupError(f"a worker died while trying to {what} the group: {_first_line(exc)}") from None
+        except ray.exceptions.RayTaskError as exc:
+            cause = getattr(exc, "cause", None) or exc
+            raise GroupError(f"the workers could not {what} the group: {type(cause).__name__}: "
+                             f"{_first_line(cause)}") from None
 
     def _reform(self) -> None:
         self._form(new=set())

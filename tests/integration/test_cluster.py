@@ -1,0 +1,67 @@
+"""Ray connection and GPU assignment, each in a separate driver process (apart from the shared instance)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+GPU_SCRIPT = textwrap.dedent("""
+    import json, os, ray
+    ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False,
+             object_store_memory=80 * 1024 * 1024)
+    from raytrain_nb import WorkerGroup, GroupError
+    g = WorkerGroup(2, gpus_per_worker=1, backend="gloo")
+    seen = g.execute(lambda: {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK", "RANK")}
+                     | {"ray_gpu_ids": [str(i) for i in __import__("ray").get_gpu_ids()]})
+    g.shutdown()
+    try:
+        WorkerGroup(3, gpus_per_worker=1)
+        more = "no error"
+    except GroupError as exc:
+        more = str(exc)
+    try:
+        WorkerGroup(1, gpus_per_worker=1, start_timeout_s=60)   # nccl on a machine without CUDA
+        nccl = "no error"
+    except GroupError as exc:
+        nccl = str(exc)
+    print("RESULT " + json.dumps({"seen": seen, "more": more, "nccl": nccl}))
+""")
+
+ADDRESS_SCRIPT = textwrap.dedent("""
+    import json, ray
+    from raytrain_nb import WorkerGroup
+    from raytrain_nb._internal import cluster
+    from raytrain_nb._internal.output import CollectSink
+    g = WorkerGroup(1, backend="none")
+    value = g.run("6 * 7", sink=CollectSink()).value
+    g.shutdown()
+    print("RESULT " + json.dumps({"value": value, "started_by_us": cluster.started_by_us(),
+                                  "address": ray.get_runtime_context().gcs_address}))
+""")
+
+
+def _run(script, env=None, timeout=240):
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout,
+                         env={**os.environ, **(env or {})})
+    line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
+    assert line, f"no result; stderr:\n{out.stderr[-3000:]}"
+    return json.loads(line[len("RESULT "):])
+
+
+def test_each_rank_gets_its_own_gpu():
+    res = _run(GPU_SCRIPT)
+    seen = res["seen"]
+    assert [s["RANK"] for s in seen] == ["0", "1"] and [s["LOCAL_RANK"] for s in seen] == ["0", "1"]
+    devices = [s["CUDA_VISIBLE_DEVICES"] for s in seen]
+    assert sorted(devices) == ["0", "1"], devices
+    assert [s["ray_gpu_ids"] for s in seen] == [[d] for d in devices]
+    assert "3 workers x 1 GPU = 3 GPU asked, but the cluster has 2 GPU" in res["more"]
+    assert "could not form the process group" in res["nccl"] and "\n" not in res["nccl"]
+
+
+def test_an_existing_cluster_is_used_through_ray_address(ray_session):
+    address = ray_session.get_runtime_context().gcs_address
+    res = _run(ADDRESS_SCRIPT, env={"RAY_ADDRESS": address})
+    assert res == {"value": "42", "started_by_us": False, "address": address}
