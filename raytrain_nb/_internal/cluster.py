@@ -58,6 +58,30 @@ def local_init_kwargs() -> Dict[str, Any]:
     return kwargs
 
 
+def _quiet_raylet_messages() -> None:
+    """Send Ray's "(raylet) A worker died ..." notices to our log instead of the notebook.
+
+    Ray prints them from a background thread into whatever cell runs at that
+    moment; the group reports the same death with the rank and the recovery
+    commands, in the cell where it happened.
+    """
+    import ray._private.worker as ray_worker
+
+    original = ray_worker.print_to_stdstream
+    if getattr(original, "_rtnb_quiet", False):
+        return
+
+    def quiet(data: Dict[str, Any], ignore_prefix: bool) -> None:
+        if data.get("pid") == "raylet":
+            for line in data.get("lines", []):
+                logger.debug("raylet: %s", line)
+            return
+        original(data, ignore_prefix)
+
+    quiet._rtnb_quiet = True  # type: ignore[attr-defined]
+    ray_worker.print_to_stdstream = quiet
+
+
 def started_by_us() -> bool:
     """Whether this process started the Ray instance it is connected to."""
     return _started_by_us
@@ -107,6 +131,8 @@ def connect(address: Optional[str] = None) -> None:
             finally:
                 if in_main and sigint is not None and signal.getsignal(signal.SIGINT) is not sigint:
                     signal.signal(signal.SIGINT, sigint)  # never replace IPython's handler
+        if last is None:
+            _quiet_raylet_messages()
         if last is not None:
             where = f"the Ray cluster at {address!r}" if address else "a local Ray instance"
             raise GroupError(f"could not connect to {where}: {last}") from last

@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any, Dict, List, Sequence, Set
 
 from .errors import RankFailure
+from .monitor import death_cause
 from .output import OutputSink, route
 
 if TYPE_CHECKING:
@@ -22,15 +23,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def _died(rank: int, slot: Any, exc: BaseException) -> Dict[str, Any]:
+def _died(rank: int, slot: Any, cause: str, kind: str = "WorkerDiedError") -> Dict[str, Any]:
     info = slot.info
-    cause = str(exc).strip().splitlines()
-    detail = next((line for line in cause if "died" in line.lower() or "killed" in line.lower()),
-                  cause[0] if cause else type(exc).__name__)
-    message = (f"the worker process of rank {rank} (pid {info.get('pid')}, node {info.get('node_ip')}) died: "
-               f"{detail.strip()}")
-    failure = RankFailure(rank, "WorkerDiedError", message, f"WorkerDiedError: {message}",
-                          node=str(info.get("node_ip", "")))
+    verb = "died" if kind == "WorkerDiedError" else "stopped responding"
+    message = f"the worker process of rank {rank} (pid {info.get('pid')}, node {info.get('node_ip')}) {verb}: {cause}"
+    failure = RankFailure(rank, kind, message, f"{kind}: {message}", node=str(info.get("node_ip", "")))
     return {"rank": rank, "failure": failure, "outputs": [], "metrics": [], "dead": True, "value": None}
 
 
@@ -76,17 +73,44 @@ class Dispatch:
             try:
                 res = ray.get(ref)
             except ray.exceptions.RayActorError as exc:
-                res = _died(rank, self._slot(rank), exc)
+                cause = death_cause(exc)
+                self.group._mark_dead(self._slot(rank).actor, cause)
+                res = _died(rank, self._slot(rank), cause)
             del self.pending[ref]
             self.results[rank] = res
             self._emit(rank, res)
+        self._drop_silent()
         if not self.pending:
             return
         failed = [r for r, res in self.results.items()
                   if res.get("failure") is not None and not res.get("dead") and r not in self.released]
         if failed:
             self._release(failed)
+        if any(res.get("dead") for res in self.results.values()):
+            # Peers of a dead or stopped rank may wait for it in a collective: release them too.
+            waiting = [r for r in self.pending.values() if r not in self.released]
+            if waiting:
+                self._release(waiting)
         self._poll()
+
+    def _drop_silent(self) -> None:
+        """End the cell for ranks the monitor found dead or unresponsive (their call may never return)."""
+        import ray
+
+        for ref, rank in list(self.pending.items()):
+            slot = self._slot(rank)
+            if slot.state == "unresponsive":
+                cause = slot.error
+                try:
+                    ray.kill(slot.actor, no_restart=True)  # a stopped process must not wake up mid-step
+                except Exception:  # noqa: BLE001
+                    pass
+                del self.pending[ref]
+                self.results[rank] = _died(rank, slot, cause, "WorkerUnresponsiveError")
+                self.group._mark_dead(slot.actor, cause)
+            elif slot.state == "dead":
+                del self.pending[ref]
+                self.results[rank] = _died(rank, slot, slot.error)
 
     def _emit(self, rank: int, res: Dict[str, Any]) -> None:
         route(self.sink, rank, res.get("outputs", []), self.shown, self.mode)

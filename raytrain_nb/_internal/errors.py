@@ -24,6 +24,7 @@ _COLLECTIVE_MARKERS = (
 )
 
 _MAX_TRACEBACK_LINES = 60
+_DEATHS = ("WorkerDiedError", "WorkerUnresponsiveError")
 
 
 class RaytrainNbError(Exception):
@@ -122,13 +123,14 @@ class WorkerError(RaytrainNbError):
         released: ranks that were blocked in a collective and released.
     """
 
-    def __init__(self, failures: Sequence[RankFailure], released: Sequence[int] = ()):
+    def __init__(self, failures: Sequence[RankFailure], released: Sequence[int] = (), reformed: bool = True):
         self.failures = list(failures)
         self.released = sorted(released)
+        self.reformed = reformed
         super().__init__(self._summary())
 
     def __reduce__(self):
-        return (WorkerError, (self.failures, self.released))
+        return (WorkerError, (self.failures, self.released, self.reformed))
 
     @property
     def ranks(self) -> List[int]:
@@ -154,10 +156,14 @@ class WorkerError(RaytrainNbError):
                 header += f" on node {f.node}"
             body = _cut(f.traceback) if f.traceback else f"{f.type_name}: {f.message}"
             out.append(f"{header}\n{body}")
+        if any(f.type_name in _DEATHS for f in self.failures):
+            out.append("Recover with %dist_restart (replace the dead ranks; state copied from a live peer), "
+                       "%dist_rescale N (continue with N workers), or %dist_rollback (load a snapshot); "
+                       "in Python: group.restart(), group.rescale(n), group.rollback().")
         if self.released:
             out.append(
-                f"({format_ranks(self.released)} released from a collective the failed rank(s) "
-                "left; the process group was re-formed)"
+                f"({format_ranks(self.released)} released from a collective the failed rank(s) left"
+                + ("; the process group was re-formed)" if self.reformed else ")")
             )
         return "\n\n".join(out)
 

@@ -20,6 +20,7 @@ from .cell import format_user_traceback, needs_ipython
 from .config import GroupConfig
 from .errors import GroupError, RankFailure, WorkerError
 from .output import OUTPUT_MODES, OutputSink, TextSink, route
+from .monitor import DEFAULT_HEARTBEAT_TIMEOUT_S, HealthMonitor
 from .placement import reserve
 from .ranks import RankInfo, assign_ranks, rank_infos
 
@@ -117,7 +118,7 @@ class WorkerGroup:
                  resources_per_worker: Optional[Dict[str, float]] = None, placement_strategy: str = "PACK",
                  backend: Optional[str] = None, address: Optional[str] = None, name: Optional[str] = None,
                  placement_timeout_s: float = 10.0, start_timeout_s: float = 180.0,
-                 activate: bool = True) -> None:
+                 heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S, activate: bool = True) -> None:
         global _ACTIVE
         self.config = GroupConfig(num_workers=num_workers, cpus_per_worker=cpus_per_worker,
                                   gpus_per_worker=gpus_per_worker, resources_per_worker=resources_per_worker,
@@ -130,6 +131,7 @@ class WorkerGroup:
         self._observers: List[Callable[[GroupState, GroupState], None]] = []
         self._metric_observers: List[Callable[[Sequence[Dict[str, Any]]], None]] = []
         self._lock = threading.RLock()
+        self._state_lock = threading.RLock()
         self._slots: List[_Slot] = []
         self._cell_seq = 0
         self.latest_metrics: Dict[int, Dict[str, Any]] = {}
@@ -144,6 +146,7 @@ class WorkerGroup:
             self._teardown()
             raise
         self._set_state(GroupState.IDLE)
+        self._monitor = HealthMonitor(self, heartbeat_timeout_s=heartbeat_timeout_s)
         if activate:
             _ACTIVE = self
         logger.info("group %s: %d workers ready", self.name, num_workers)
@@ -159,13 +162,18 @@ class WorkerGroup:
         self._metric_observers.append(callback)
 
     def _set_state(self, new: GroupState) -> None:
-        old, self.state = self.state, new
+        with self._state_lock:
+            old, self.state = self.state, new
         if old is not new:
-            for cb in list(self._observers):
-                try:
-                    cb(old, new)
-                except Exception:  # an observer never breaks the group
-                    logger.exception("state observer failed")
+            self._notify(old)
+
+    def _notify(self, old: Optional[GroupState] = None) -> None:
+        """Tell observers the group or a worker changed (``old is new`` for a worker-only change)."""
+        for cb in list(self._observers):
+            try:
+                cb(old or self.state, self.state)
+            except Exception:  # an observer never breaks the group
+                logger.exception("state observer failed")
 
     @property
     def num_workers(self) -> int:
@@ -176,12 +184,48 @@ class WorkerGroup:
             raise GroupError("this group was shut down: start a new one (a new %%distributed cell)")
         if self.state is GroupState.RUNNING:
             raise GroupError("the group is running a cell: wait for it, or interrupt it")
-        dead = [s.rank_info.world_rank for s in self._slots if s.state == "dead" and s.rank_info]
+        dead = [i for i, s in enumerate(self._slots) if s.state in ("dead", "unresponsive")]
         if dead:
             raise GroupError(
-                f"rank(s) {', '.join(map(str, dead))} are dead: restart them (%dist_restart / "
-                "group.restart()) or shut the group down"
+                f"rank(s) {', '.join(map(str, dead))} are dead or not responding: %dist_restart (group.restart()) "
+                "replaces them, %dist_rescale N (group.rescale(n)) continues without them"
             )
+
+    # -- failures noticed by the monitor -------------------------------------------------
+
+    def _slot_of(self, actor: Any) -> Optional[int]:
+        return next((i for i, s in enumerate(self._slots) if s.actor is actor), None)
+
+    def _mark_dead(self, actor: Any, cause: str) -> None:
+        """A worker process is gone (called by the monitor or the dispatcher)."""
+        with self._state_lock:
+            rank = self._slot_of(actor)
+            if rank is None or self._slots[rank].state == "dead":
+                return
+            slot = self._slots[rank]
+            slot.state = "dead"
+            slot.error = cause
+            logger.warning("rank %d (pid %s, node %s) died: %s", rank, slot.info.get("pid"),
+                           slot.info.get("node_ip"), cause)
+            if self.state is GroupState.IDLE:
+                self._set_state(GroupState.FAILED)
+            else:
+                self._notify()
+
+    def _mark_unresponsive(self, actor: Any, silent_s: float) -> None:
+        with self._state_lock:
+            rank = self._slot_of(actor)
+            if rank is None or self._slots[rank].state in ("dead", "unresponsive"):
+                return
+            slot = self._slots[rank]
+            slot.state = "unresponsive"
+            slot.error = (f"has not answered for {silent_s:.0f} s (stopped, e.g. SIGSTOP, or blocked in C code "
+                          "holding the GIL)")
+            logger.warning("rank %d (pid %s) %s", rank, slot.info.get("pid"), slot.error)
+            if self.state is GroupState.IDLE:
+                self._set_state(GroupState.FAILED)
+            else:
+                self._notify()
 
     # -- forming the group ---------------------------------------------------------------
 
@@ -345,7 +389,8 @@ class WorkerGroup:
         if failures:
             released = sorted(r for r, res in results.items()
                               if res.get("failure") is not None and res["failure"].collateral)
-            raise WorkerError(failures, released=released if len(released) < len(failures) else ())
+            raise WorkerError(failures, released=released if len(released) < len(failures) else (),
+                              reformed=not dead)
         return results
 
     def _settle(self, results: Dict[int, Dict[str, Any]]) -> None:
@@ -356,9 +401,11 @@ class WorkerGroup:
             if res.get("dead"):
                 slot.state, slot.error, any_dead = "dead", res["failure"].message, True
             elif slot.state == "running":
-                slot.state = "failed" if res.get("failure") is not None else "idle"
-                slot.error = res["failure"].message if res.get("failure") is not None else ""
-            elif slot.state == "dead":
+                failure = res.get("failure")
+                own = failure is not None and not failure.collateral  # released ranks are fine
+                slot.state = "failed" if own else "idle"
+                slot.error = failure.message if own else ""
+            elif slot.state in ("dead", "unresponsive"):
                 any_dead = True
         self._set_state(GroupState.FAILED if any_dead else GroupState.IDLE)
 
@@ -424,7 +471,7 @@ class WorkerGroup:
         """One :class:`WorkerStatus` per rank; dead workers show as ``dead``."""
         import ray
 
-        live = [s for s in self._slots if s.state != "dead"]
+        live = [s for s in self._slots if s.state not in ("dead", "unresponsive")]
         refs = {s.actor.ping.remote(): s for s in live}
         ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=3.0)
         for ref in ready:
@@ -474,6 +521,8 @@ class WorkerGroup:
         global _ACTIVE
         if self.state is GroupState.SHUTDOWN:
             return
+        if getattr(self, "_monitor", None) is not None:
+            self._monitor.stop()
         self._teardown()
         self._set_state(GroupState.SHUTDOWN)
         if _ACTIVE is self:

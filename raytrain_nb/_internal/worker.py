@@ -112,7 +112,7 @@ class Worker:
         self.pg = process_group_state()
         self.session: Optional[WorkerSession] = None
         self.rank = -1
-        self._cell_count = 0
+        self._watch_stop = threading.Event()
 
     # -- identity and setup --------------------------------------------------------------
 
@@ -301,6 +301,7 @@ class Worker:
         return _to_cpu(self.namespace[name])
 
     def shutdown_backend(self) -> None:
+        self._watch_stop.set()
         try:
             self.pg.destroy()
         except Exception as exc:
@@ -310,6 +311,10 @@ class Worker:
 
     def ping(self) -> int:
         return os.getpid()
+
+    def watch(self) -> None:
+        """Returns only at shutdown: the driver notices this worker's death by this call failing."""
+        self._watch_stop.wait()
 
     def poll(self) -> Dict[str, Any]:
         """Output and metrics produced since the last poll."""
@@ -357,6 +362,7 @@ class Worker:
 CONTROL_METHODS = ("ping", "poll", "release", "stack", "interrupt")
 for _name in CONTROL_METHODS:  # what ray.method(concurrency_group="control") sets
     getattr(Worker, _name).__ray_concurrency_group__ = "control"
+Worker.watch.__ray_concurrency_group__ = "monitor"
 
 _REMOTE: Any = None
 
@@ -367,5 +373,5 @@ def remote_worker_class() -> Any:
     if _REMOTE is None:
         import ray
 
-        _REMOTE = ray.remote(concurrency_groups={"control": 2})(Worker)
+        _REMOTE = ray.remote(concurrency_groups={"control": 3, "monitor": 1})(Worker)
     return _REMOTE
