@@ -28,6 +28,10 @@ _LAZY = {
     "GroupError": ("._internal.errors", "GroupError"),
     "ResourceError": ("._internal.errors", "ResourceError"),
     "WorkerError": ("._internal.errors", "WorkerError"),
+    "StorageError": ("._internal.errors", "StorageError"),
+    "CheckpointError": ("._internal.errors", "CheckpointError"),
+    "Checkpoint": ("._internal.checkpoint", "Checkpoint"),
+    "CheckpointManager": ("._internal.checkpoint_manager", "CheckpointManager"),
 }
 
 __all__ = ["TrainContext", "get_checkpoint", "get_context", "get_dataset_shard", "report",

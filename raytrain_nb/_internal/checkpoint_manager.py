@@ -24,8 +24,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
+import threading
 import time
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from fsspec import AbstractFileSystem
 
@@ -80,6 +82,18 @@ def _check_kind(kind: Optional[str], allow_none: bool = True) -> None:
         raise CheckpointError(f"kind={kind!r} is unknown: use 'snapshot' or 'reported'")
 
 
+def _check_config(num_to_keep: Any, score_attribute: Any, score_order: Any) -> None:
+    if num_to_keep is not None and (isinstance(num_to_keep, bool) or not isinstance(num_to_keep, int)
+                                    or num_to_keep < 1):
+        raise CheckpointError(f"num_to_keep={num_to_keep!r} is not allowed: pass None to keep every "
+                              "checkpoint, or a whole number >= 1")
+    if score_attribute is not None and (not isinstance(score_attribute, str) or not score_attribute):
+        raise CheckpointError(f"score_attribute={score_attribute!r} is not allowed: pass a metric "
+                              "name such as 'val_loss', or None to rank by recency")
+    if score_order not in SCORE_ORDERS:
+        raise CheckpointError(f"score_order={score_order!r} is unknown: use 'max' or 'min'")
+
+
 def _lookup(metrics: Dict[str, Any], attribute: str) -> Any:
     if attribute in metrics:
         return metrics[attribute]
@@ -109,21 +123,14 @@ class CheckpointManager:
     def __init__(self, run_dir_url: Any, num_to_keep: Optional[int] = None,
                  score_attribute: Optional[str] = None, score_order: str = "max", *,
                  filesystem: Optional[Any] = None):
-        if num_to_keep is not None and (isinstance(num_to_keep, bool) or not isinstance(num_to_keep, int)
-                                        or num_to_keep < 1):
-            raise CheckpointError(f"num_to_keep={num_to_keep!r} is not allowed: pass None to keep every "
-                                  "checkpoint, or a whole number >= 1")
-        if score_attribute is not None and (not isinstance(score_attribute, str) or not score_attribute):
-            raise CheckpointError(f"score_attribute={score_attribute!r} is not allowed: pass a metric "
-                                  "name such as 'val_loss', or None to rank by recency")
-        if score_order not in SCORE_ORDERS:
-            raise CheckpointError(f"score_order={score_order!r} is unknown: use 'max' or 'min'")
+        _check_config(num_to_keep, score_attribute, score_order)
         self.num_to_keep = num_to_keep
         self.score_attribute = score_attribute
         self.score_order = score_order
         self._fs, self._run = resolve(run_dir_url, filesystem)
         self._entries: List[CheckpointEntry] = []
         self._next_id = 1
+        self._lock = threading.RLock()  # a background snapshot may register while a cell runs
         index = self._read_index()
         if index is not None:
             self._entries, self._next_id = index["entries"], index["next_id"]
@@ -145,8 +152,13 @@ class CheckpointManager:
                                   f"checkpoints yet or is not a run directory{near}")
         config = data.get("config") if isinstance(data, dict) else None
         config = config if isinstance(config, dict) else {}
-        return cls(run, config.get("num_to_keep"), config.get("score_attribute"),
-                   config.get("score_order", "max"), filesystem=fs)
+        settings = (config.get("num_to_keep"), config.get("score_attribute"), config.get("score_order", "max"))
+        try:
+            _check_config(*settings)
+        except CheckpointError as exc:
+            raise CheckpointError(f"checkpoint index {to_url(fs, join(run, INDEX_FILE))}: {exc} (edited by "
+                                  "hand?): restore it") from exc
+        return cls(run, *settings, filesystem=fs)
 
     @property
     def run_dir(self) -> str:
@@ -184,11 +196,22 @@ class CheckpointManager:
             if field not in raw or not ok(raw[field]):
                 raise CheckpointError(f"{where}: entry {i} has {field}={raw.get(field)!r}, which is not "
                                       "valid (edited by hand?): restore it")
-        path = raw["path"] if "://" in raw["path"] or raw["path"].startswith("/") else \
-            to_url(self._fs, join(self._run, raw["path"]))
-        return CheckpointEntry(name=raw["name"], kind=raw["kind"], path=path, metrics=raw["metrics"],
+        stored = raw["path"]
+        absolute = "://" in stored or stored.startswith("/")
+        fs, _, url = self._locate(stored if absolute else to_url(self._fs, join(self._run, stored)))
+        return CheckpointEntry(name=raw["name"], kind=raw["kind"], path=url, metrics=raw["metrics"],
                                step=raw["step"], time=float(raw["time"]), size_bytes=raw["size_bytes"],
-                               filesystem=self._fs)
+                               filesystem=fs)
+
+    def _locate(self, path: Any) -> Tuple[AbstractFileSystem, str, str]:
+        """``(fs, path, url)`` of a checkpoint: on the run's filesystem unless the URL names another."""
+        text = os.fspath(path)
+        protocols = self._fs.protocol if isinstance(self._fs.protocol, (tuple, list)) else (self._fs.protocol,)
+        if "://" in text and text.split("://", 1)[0] not in protocols:
+            fs, where = resolve(text)
+            return fs, where, fs.unstrip_protocol(where)
+        fs, where = resolve(text, self._fs)
+        return fs, where, to_url(fs, where)
 
     def _write_index(self) -> None:
         inside = to_url(self._fs, self._run).rstrip("/") + "/"
@@ -202,21 +225,26 @@ class CheckpointManager:
                 "checkpoints": [{"name": e.name, "kind": e.kind, "path": stored_path(e), "metrics": e.metrics,
                                  "step": e.step, "time": e.time, "size_bytes": e.size_bytes}
                                 for e in self._entries]}
-        text = to_json(data, "checkpoint index", error=CheckpointError)
-        write_bytes_atomic(self._fs, join(self._run, INDEX_FILE), text.encode("utf-8"))
+        text = to_json(data, "checkpoint index", error=CheckpointError, indent=1)
+        try:
+            write_bytes_atomic(self._fs, join(self._run, INDEX_FILE), text.encode("utf-8"))
+        except Exception as exc:
+            raise CheckpointError(f"cannot write the checkpoint index {self._index_url()} ({describe(exc)}): "
+                                  "the index on storage is unchanged; free space or fix access and retry") from exc
 
     # ------------------------------------------------------------ writing
 
     def next_name(self, kind: str) -> str:
         """A fresh name: ``snapshot_000001`` or ``checkpoint_000002`` (never reused)."""
-        _check_kind(kind, allow_none=False)
-        prefix = "snapshot" if kind == "snapshot" else "checkpoint"
-        names = {e.name for e in self._entries}
-        while True:
-            name = f"{prefix}_{self._next_id:06d}"
-            self._next_id += 1
-            if name not in names:
-                return name
+        with self._lock:
+            _check_kind(kind, allow_none=False)
+            prefix = "snapshot" if kind == "snapshot" else "checkpoint"
+            names = {e.name for e in self._entries}
+            while True:
+                name = f"{prefix}_{self._next_id:06d}"
+                self._next_id += 1
+                if name not in names:
+                    return name
 
     def begin(self, kind: str, name: Optional[str] = None) -> StagedDir:
         """Stage a new checkpoint directory in the run; finish with :meth:`commit` or :meth:`abort`.
@@ -272,27 +300,32 @@ class CheckpointManager:
             CheckpointError: unknown kind, a name in use, a path that is not a committed
                 checkpoint, or metrics JSON cannot store.
         """
-        _check_kind(kind, allow_none=False)
-        self._check_new_name(name)
-        metrics = dict(metrics or {})
-        to_json(metrics, "metrics", error=CheckpointError)
-        fs, where = resolve(path, self._fs)
-        manifest = read_manifest(fs, where)
-        if manifest is None:
-            raise CheckpointError(f"{to_url(fs, where)} is not a committed checkpoint: write it with "
-                                  "begin()/commit() or persist()")
-        step = next((metrics[k] for k in _STEP_KEYS if isinstance(metrics.get(k), int)
-                     and not isinstance(metrics.get(k), bool)), None)
-        entry = CheckpointEntry(name=name, kind=kind, path=to_url(fs, where), metrics=metrics, step=step,
-                                time=time.time(), size_bytes=int(manifest.get("size_bytes") or 0),
-                                filesystem=self._fs)
-        self._entries.append(entry)
-        doomed = self._to_prune(entry)
-        self._entries = [e for e in self._entries if e not in doomed]
-        self._write_index()  # index first: a crash now leaves an unlisted dir, never a dangling entry
-        for e in doomed:
-            self._remove_dir(e)
-        return entry
+        with self._lock:
+            _check_kind(kind, allow_none=False)
+            self._check_new_name(name)
+            metrics = dict(metrics or {})
+            to_json(metrics, "metrics", error=CheckpointError)
+            fs, where, url = self._locate(path)
+            manifest = read_manifest(fs, where)
+            if manifest is None:
+                raise CheckpointError(f"{to_url(fs, where)} is not a committed checkpoint: write it with "
+                                      "begin()/commit() or persist()")
+            step = next((metrics[k] for k in _STEP_KEYS if isinstance(metrics.get(k), int)
+                         and not isinstance(metrics.get(k), bool)), None)
+            entry = CheckpointEntry(name=name, kind=kind, path=url, metrics=metrics, step=step, time=time.time(),
+                                    size_bytes=int(manifest.get("size_bytes") or 0), filesystem=fs)
+            before = list(self._entries)
+            self._entries.append(entry)
+            doomed = self._to_prune(entry)
+            self._entries = [e for e in self._entries if e not in doomed]
+            try:
+                self._write_index()  # index first: a crash now leaves an unlisted dir, never a dangling entry
+            except BaseException:
+                self._entries = before
+                raise
+            for e in doomed:
+                self._remove_dir(e)
+            return entry
 
     def _rank_key(self, entry: CheckpointEntry) -> tuple:
         order = self._entries.index(entry)
@@ -311,7 +344,7 @@ class CheckpointManager:
         return [e for e in ranked[self.num_to_keep:] if e is not latest]
 
     def _remove_dir(self, entry: CheckpointEntry) -> None:
-        fs, path = resolve(entry.path, self._fs)
+        fs, path, _ = self._locate(entry.path)
         try:
             delete_dir(fs, path)
         except FileNotFoundError:
@@ -325,10 +358,16 @@ class CheckpointManager:
         Raises:
             CheckpointError: no checkpoint has that name (listing those that exist).
         """
-        entry = self.get(name)
-        self._entries.remove(entry)
-        self._write_index()
-        self._remove_dir(entry)
+        with self._lock:
+            entry = self.get(name)
+            before = list(self._entries)
+            self._entries.remove(entry)
+            try:
+                self._write_index()
+            except BaseException:
+                self._entries = before
+                raise
+            self._remove_dir(entry)
 
     # ------------------------------------------------------------ reading
 

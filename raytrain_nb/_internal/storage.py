@@ -21,6 +21,7 @@ from typing import Any, Optional, Tuple, Type
 import fsspec
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
+from fsspec.registry import known_implementations
 
 from .errors import StorageError, describe
 
@@ -74,19 +75,20 @@ def resolve(url_or_path: Any, filesystem: Optional[Any] = None,
         fs, path = fsspec.core.url_to_fs(text, **storage_options)
     except ImportError as exc:
         raise StorageError(_missing_package(protocol, exc)) from exc
-    except ValueError as exc:
-        if "protocol not known" in str(exc).lower():
+    except Exception as exc:
+        if isinstance(exc, ValueError) and "protocol not known" in str(exc).lower():
             raise StorageError(f"{text!r} uses the unknown protocol {protocol}://: use a local path "
                                "or s3://, gs://, abfs://, memory:// (or install the fsspec "
                                f"package that provides {protocol}://)") from exc
-        raise StorageError(f"storage URL {text!r} is not valid: {exc}") from exc
+        raise StorageError(f"storage URL {text!r} cannot be opened ({describe(exc)}): check the URL "
+                           "and its storage options") from exc
     if isinstance(fs, LocalFileSystem):
         path = os.path.abspath(os.path.expanduser(path))
     return fs, path
 
 
 def _missing_package(protocol: str, exc: ImportError) -> str:
-    impl = fsspec.registry.known_implementations.get(protocol, {}).get("class", "")
+    impl = known_implementations.get(protocol, {}).get("class", "")
     top = impl.split(".")[0]
     cause = exc.__cause__ if isinstance(exc.__cause__, ImportError) else exc
     missing = (getattr(cause, "name", None) or "").split(".")[0]
@@ -196,7 +198,7 @@ def write_bytes_atomic(fs: AbstractFileSystem, path: str, data: bytes) -> None:
         fs.pipe_file(path, data)  # one PUT: object stores replace an object atomically
 
 
-def to_json(value: Any, what: str, error: Type[Exception] = StorageError) -> str:
+def to_json(value: Any, what: str, error: Type[Exception] = StorageError, indent: Optional[int] = None) -> str:
     """``json.dumps`` that turns numpy/torch scalars into numbers and names a bad key.
 
     Raises:
@@ -210,7 +212,7 @@ def to_json(value: Any, what: str, error: Type[Exception] = StorageError) -> str
         raise TypeError(f"a {type(obj).__name__} is not JSON-serializable")
 
     try:
-        return json.dumps(value, default=default)
+        return json.dumps(value, default=default, indent=indent)
     except (TypeError, ValueError) as exc:
         where = what
         if isinstance(value, dict):
