@@ -71,7 +71,9 @@ class ProcessGroupState:
         self.broken = False
         self._lock = threading.Lock()
         self._wrappers: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self._samplers: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self.generation = 0
+        self.deferred = False  # True while a new rank replays setup cells before joining
 
     @property
     def active(self) -> bool:
@@ -157,27 +159,36 @@ class ProcessGroupState:
         with self._lock:
             self._sockets = {}
 
-    def reform(self, master_addr: str, master_port: int, rank: int, world_size: int,
-               namespace: Optional[Dict[str, Any]] = None) -> int:
-        """Replace the process group with a new one; re-wrap tracked DDP models.
+    def join(self, backend: str, master_addr: str, master_port: int, rank: int, world_size: int,
+             namespace: Optional[Dict[str, Any]] = None, src: int = 0, fresh: bool = False) -> int:
+        """Leave any old process group, form the new one, and bring this rank's state in line.
 
-        DDP's constructor broadcasts parameters and buffers from rank 0; the
-        optimizers and LR schedulers of those models found in ``namespace``
-        get rank 0's state too, so ranks interrupted at different points of a
-        step agree again. Returns the number of DDP wrappers re-bound.
+        After the group forms, the replicated state of ``namespace`` (modules,
+        optimizers, schedulers, grad scalers; plain variables a fresh rank
+        lacks) is broadcast from rank ``src``; DDP wrappers made by
+        ``prepare_model`` are re-bound in place and samplers made by
+        ``prepare_data_loader`` re-sharded for the new world size. Returns the
+        number of DDP wrappers re-bound.
         """
-        backend = self.backend
         self.destroy()
+        self.deferred = False
         self.init(backend, master_addr, master_port, rank, world_size)
-        n = self.rewrap_all()
-        if n and namespace is not None:
-            sync_optimizers(namespace, list(self._wrappers))
-        return n
+        if backend == "none":
+            return 0
+        if namespace is not None:
+            from .replicate import sync_replicated
 
-    # -- DDP wrappers made by prepare_model ---------------------------------------------
+            sync_replicated(namespace, src=src, fresh=fresh)
+        self.reshard(rank, world_size)
+        return self.rewrap_all()
+
+    # -- objects made by prepare_model / prepare_data_loader -------------------------------
 
     def track(self, wrapper: Any) -> None:
         self._wrappers.add(wrapper)
+
+    def track_sampler(self, sampler: Any) -> None:
+        self._samplers.add(sampler)
 
     def rewrap_all(self) -> int:
         n = 0
@@ -185,6 +196,41 @@ class ProcessGroupState:
             rebind_ddp(wrapper)
             n += 1
         return n
+
+    def reshard(self, rank: int, world_size: int) -> None:
+        """Point every tracked DistributedSampler at this rank's shard of the new world."""
+        for sampler in list(self._samplers):
+            reshard_sampler(sampler, rank, world_size)
+
+
+def reshard_sampler(sampler: Any, rank: int, world_size: int) -> None:
+    """Change a ``DistributedSampler``'s rank and number of replicas in place."""
+    import math
+
+    n = len(sampler.dataset)
+    sampler.num_replicas = world_size
+    sampler.rank = rank
+    if sampler.drop_last and n % world_size != 0:
+        sampler.num_samples = math.ceil((n - world_size) / world_size)
+    else:
+        sampler.num_samples = math.ceil(n / world_size)
+    sampler.total_size = sampler.num_samples * world_size
+
+
+def deferred_ddp(module: Any, kwargs: Dict[str, Any]) -> Any:
+    """A DDP object not yet bound to a process group (a new rank replaying setup cells).
+
+    ``parameters()`` and ``.module`` work; it becomes a real DDP wrapper, the
+    same object, when the group forms.
+    """
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    shell = DDP.__new__(DDP)
+    torch.nn.Module.__init__(shell)
+    shell.module = module
+    shell._rtnb_ddp_kwargs = dict(kwargs)
+    return shell
 
 
 def rebind_ddp(wrapper: Any) -> None:
@@ -197,48 +243,12 @@ def rebind_ddp(wrapper: Any) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     kwargs = dict(getattr(wrapper, "_rtnb_ddp_kwargs", {}))
-    fresh = DDP(wrapper.module, **kwargs)
+    fresh = DDP(wrapper.module, **kwargs)  # broadcasts parameters and buffers from rank 0
     state = fresh.__dict__
     fresh.__dict__ = {}
     wrapper.__dict__.clear()
     wrapper.__dict__.update(state)
     wrapper._rtnb_ddp_kwargs = kwargs
-
-
-def sync_optimizers(namespace: Dict[str, Any], wrappers: List[Any]) -> int:
-    """Give every rank rank 0's optimizer and LR-scheduler state for the wrapped models.
-
-    Every rank finds the same names (the namespaces are replicated), so the
-    broadcasts line up. Returns the number of objects synchronised.
-    """
-    import torch
-    import torch.distributed as dist
-
-    params = {id(p) for w in wrappers for p in w.module.parameters()}
-    names_sorted = sorted(k for k in namespace if not k.startswith("_"))
-    found: List[Tuple[str, Any]] = [
-        (name, namespace[name]) for name in names_sorted
-        if isinstance(namespace[name], torch.optim.Optimizer)
-        and any(id(p) in params for g in namespace[name].param_groups for p in g["params"])
-    ]
-    optimizers = [o for _, o in found]
-    found += [
-        (name, namespace[name]) for name in names_sorted
-        if isinstance(namespace[name], torch.optim.lr_scheduler.LRScheduler)
-        and any(namespace[name].optimizer is o for o in optimizers)
-    ]
-    names = [name for name, _ in found]
-    agreed = [None] * dist.get_world_size()
-    dist.all_gather_object(agreed, names)
-    if any(a != names for a in agreed):
-        logger.warning("optimizer names differ across ranks; optimizer state not synchronised")
-        return 0
-    for _, obj in found:
-        box = [obj.state_dict() if dist.get_rank() == 0 else None]
-        dist.broadcast_object_list(box, src=0)
-        if dist.get_rank() != 0:
-            obj.load_state_dict(box[0])
-    return len(found)
 
 
 _STATE: Optional[ProcessGroupState] = None

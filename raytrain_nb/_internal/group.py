@@ -72,8 +72,20 @@ class CellResult:
 
 
 @dataclasses.dataclass
+class CellRecord:
+    """A cell that ran without error on every rank (what a new rank replays if ``setup``)."""
+
+    cell_id: int
+    source: str
+    setup: bool
+    reports: int
+    time: float
+
+
+@dataclasses.dataclass
 class _Slot:
     actor: Any
+    pg: Any
     bundle: int
     info: Dict[str, Any]
     rank_info: Optional[RankInfo] = None
@@ -133,15 +145,20 @@ class WorkerGroup:
         self._lock = threading.RLock()
         self._state_lock = threading.RLock()
         self._slots: List[_Slot] = []
+        self._free: List[Any] = []  # (placement group, bundle) reserved but unused
+        self._pgs: List[Any] = []
+        self.history: List[CellRecord] = []
         self._cell_seq = 0
         self.latest_metrics: Dict[int, Dict[str, Any]] = {}
         self.metrics_history: Dict[int, Deque[Dict[str, Any]]] = {}
         cluster.connect(address)
-        self._pg = reserve(self.config, num_workers, placement_timeout_s)
+        self.placement_timeout_s = placement_timeout_s
+        pg = reserve(self.config, num_workers, placement_timeout_s)
+        self._pgs.append(pg)
         try:
-            slots = [self._spawn(i) for i in range(num_workers)]
+            slots = [self._spawn(pg, i) for i in range(num_workers)]
             self._slots = self._order(slots)
-            self._form(new=set(range(num_workers)))
+            self._rendezvous("setup")
         except BaseException:
             self._teardown()
             raise
@@ -179,11 +196,14 @@ class WorkerGroup:
     def num_workers(self) -> int:
         return len(self._slots)
 
-    def _check_usable(self) -> None:
+    def _check_not_running(self) -> None:
         if self.state is GroupState.SHUTDOWN:
             raise GroupError("this group was shut down: start a new one (a new %%distributed cell)")
         if self.state is GroupState.RUNNING:
             raise GroupError("the group is running a cell: wait for it, or interrupt it")
+
+    def _check_usable(self) -> None:
+        self._check_not_running()
         dead = [i for i, s in enumerate(self._slots) if s.state in ("dead", "unresponsive")]
         if dead:
             raise GroupError(
@@ -229,8 +249,7 @@ class WorkerGroup:
 
     # -- forming the group ---------------------------------------------------------------
 
-    def _spawn(self, bundle: int) -> _Slot:
-        import ray
+    def _spawn(self, pg: Any, bundle: int) -> _Slot:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from .worker import remote_worker_class
@@ -240,41 +259,52 @@ class WorkerGroup:
             num_gpus=self.config.gpus_per_worker,
             resources=dict(self.config.resources_per_worker or {}),
             max_restarts=0,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=bundle),
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle),
         )
         cwd = os.getcwd()
         if cluster.is_multinode():
             opts["runtime_env"] = {"working_dir": cwd, "excludes": [".git", ".venv", ".ipynb_checkpoints"]}
             cwd = None
         actor = remote_worker_class().options(**opts).remote(cwd=cwd, sys_path=[os.getcwd()])
-        return _Slot(actor=actor, bundle=bundle, info={})
+        return _Slot(actor=actor, pg=pg, bundle=bundle, info={})
 
-    def _order(self, slots: List[_Slot]) -> List[_Slot]:
-        import ray
-
+    def _describe(self, slots: List[_Slot]) -> None:
         infos = self._get([s.actor.info.remote() for s in slots], self.start_timeout_s, "start")
         for slot, info in zip(slots, infos):
             slot.info = info
+
+    def _order(self, slots: List[_Slot]) -> List[_Slot]:
+        self._describe(slots)
         order = assign_ranks([s.info["node_id"] for s in slots], cluster.driver_node_id())
         return [slots[i] for i in order]
 
-    def _form(self, new: set) -> None:
-        """Join every worker into a new process group: ``setup`` on new ones, ``reform`` on others."""
+    def _contexts(self) -> List[Any]:
         infos = rank_infos([s.info["node_id"] for s in self._slots])
+        for slot, info in zip(self._slots, infos):
+            slot.rank_info = info
+        return infos
+
+    def _rendezvous(self, method: str, src: int = 0, fresh: Sequence[int] = ()) -> None:
+        """Form the process group over ``self._slots`` in rank order.
+
+        ``setup`` on a new group; ``join`` to re-form one (after an interrupt,
+        a failure or a resize), broadcasting replicated state from rank ``src``;
+        ranks in ``fresh`` also receive the plain variables they lack.
+        """
+        infos = self._contexts()
         master = self._slots[0]
         addr = master.info["node_ip"]
         port = self._get([master.actor.free_port.remote()], 30, "start")[0] if self.backend != "none" else 0
         refs = []
         for rank, (slot, info) in enumerate(zip(self._slots, infos)):
-            slot.rank_info = info
-            env = info.env(addr, port)
-            if rank in new:
-                refs.append(slot.actor.setup.remote(info.context(self.name), env, self.backend, addr, port, 1800.0))
+            ctx, env = info.context(self.name), info.env(addr, port)
+            if method == "setup":
+                refs.append(slot.actor.setup.remote(ctx, env, self.backend, addr, port))
             else:
-                refs.append(slot.actor.reform.remote(info.context(self.name), env, addr, port))
+                refs.append(slot.actor.join.remote(ctx, env, addr, port, src, rank in fresh))
         results = self._get(refs, self.start_timeout_s, "form the process group of")
-        for rank, (slot, res) in enumerate(zip(self._slots, results)):
-            if rank in new:
+        for slot, res in zip(self._slots, results):
+            if method == "setup":
                 slot.device = res["device"]
             slot.state = "idle"
             slot.error = ""
@@ -297,7 +327,7 @@ class WorkerGroup:
                              f"{_first_line(cause)}") from None
 
     def _reform(self) -> None:
-        self._form(new=set())
+        self._rendezvous("join")
 
     # -- running code --------------------------------------------------------------------
 
@@ -310,7 +340,7 @@ class WorkerGroup:
         return sorted(set(ranks))
 
     def run(self, source: str, ranks: Optional[Sequence[int]] = None, *, output: str = "rank0",
-            sink: Optional[OutputSink] = None) -> CellResult:
+            sink: Optional[OutputSink] = None, setup: Optional[bool] = None) -> CellResult:
         """Run cell source in each worker's persistent namespace (IPython semantics).
 
         Output streams to ``sink`` while the cell runs; the value of a trailing
@@ -321,6 +351,8 @@ class WorkerGroup:
             ranks: the ranks to run on (default: all).
             output: ``rank0`` (the lowest targeted rank), ``all`` (labelled) or ``none``.
             sink: where output goes (default: this process's stdout/stderr).
+            setup: whether a new rank must replay this cell to rebuild its namespace;
+                by default, cells that did not call ``report()``.
 
         Returns:
             A :class:`CellResult`.
@@ -345,6 +377,10 @@ class WorkerGroup:
         results = self._dispatch(lambda s: s.actor.run_cell.remote(source, cell_id, True), targets,
                                  sink or TextSink(), output, shown)
         values = {r: res.get("value") for r, res in results.items()}
+        if len(targets) == self.num_workers:
+            reports = max(res.get("reports", 0) for res in results.values())
+            self.history.append(CellRecord(cell_id, source, reports == 0 if setup is None else bool(setup),
+                                           reports, time.time()))
         return CellResult(values=values, duration=time.perf_counter() - started)
 
     def execute(self, fn: Callable[..., Any], *args: Any, ranks: Optional[Sequence[int]] = None,
@@ -501,20 +537,42 @@ class WorkerGroup:
         return out
 
     def replace(self, ranks: Sequence[int]) -> None:
-        """Replace the workers of ``ranks`` with fresh ones (their namespaces are lost)."""
-        import ray
+        """Replace the workers of ``ranks`` with fresh ones that get a live peer's state."""
+        from .recovery import replace_ranks
 
-        for r in ranks:
-            slot = self._slots[r]
-            try:
-                ray.kill(slot.actor, no_restart=True)
-            except Exception:
-                pass
-            fresh = self._spawn(slot.bundle)
-            fresh.info = self._get([fresh.actor.info.remote()], self.start_timeout_s, "start")[0]
-            self._slots[r] = fresh
-        self._form(new=set(ranks))
-        self._set_state(GroupState.IDLE)
+        replace_ranks(self, list(ranks))
+
+    def restart(self) -> List[int]:
+        """Replace every dead (or unresponsive) worker; state comes from a live peer.
+
+        Each replacement replays the group's setup cells (collectives deferred),
+        then every rank re-forms the process group, DDP models are re-wrapped
+        and the replicated state (models, optimizers, schedulers, grad scalers,
+        plain variables the replacement lacks) is broadcast from a survivor.
+
+        Returns:
+            The ranks replaced.
+
+        Raises:
+            GroupError: no dead worker, or no live worker to copy state from.
+        """
+        from .recovery import restart
+
+        return restart(self)
+
+    def rescale(self, num_workers: int) -> None:
+        """Grow or shrink the group to ``num_workers``, keeping the warm state.
+
+        Dead workers are dropped first; new ranks replay the setup cells and get
+        a live peer's state; the process group is re-formed at the new size,
+        DDP models re-wrapped and ``prepare_data_loader`` samplers re-sharded.
+
+        Raises:
+            GroupError / ResourceError: a bad size, or not enough resources (names the numbers).
+        """
+        from .recovery import rescale
+
+        rescale(self, num_workers)
 
     def shutdown(self) -> None:
         """Stop every worker and free the resources (the Ray instance stays up)."""
@@ -540,10 +598,11 @@ class WorkerGroup:
                 ray.kill(s.actor, no_restart=True)
             except Exception:
                 pass
-        try:
-            remove_placement_group(self._pg)
-        except Exception:
-            pass
+        for pg in self._pgs:
+            try:
+                remove_placement_group(pg)
+            except Exception:
+                pass
 
     def __repr__(self) -> str:
         return f"WorkerGroup(name={self.name!r}, workers={self.num_workers}, backend={self.backend!r}, state={self.state.value!r})"

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
-from .backend import process_group_state
+from .backend import deferred_ddp, process_group_state
 
 logger = logging.getLogger(__name__)
 
@@ -62,17 +62,22 @@ def prepare_model(
     device = get_device()
     if move_to_device:
         model = model.to(device)
-    if parallel_strategy is None or not (dist.is_available() and dist.is_initialized()):
+    state = process_group_state()
+    joined = dist.is_available() and dist.is_initialized()
+    if parallel_strategy is None or not (joined or state.deferred):
         return model
     kwargs = dict(parallel_strategy_kwargs or {})
     if device.type == "cuda":
         kwargs.setdefault("device_ids", [device.index])
         kwargs.setdefault("output_device", device.index)
-    from torch.nn.parallel import DistributedDataParallel as DDP
+    if state.deferred:  # a new rank replaying setup cells: wrap when the group forms
+        wrapper = deferred_ddp(model, kwargs)
+    else:
+        from torch.nn.parallel import DistributedDataParallel as DDP
 
-    wrapper = DDP(model, **kwargs)
-    wrapper._rtnb_ddp_kwargs = kwargs
-    process_group_state().track(wrapper)
+        wrapper = DDP(model, **kwargs)
+        wrapper._rtnb_ddp_kwargs = kwargs
+    state.track(wrapper)
     return wrapper
 
 
@@ -103,6 +108,17 @@ class _DeviceLoader:
             yield self._move(batch)
 
 
+def _rank_and_world() -> "tuple[int, int]":
+    from . import session
+
+    if session._session is not None:
+        ctx = session._session.context
+        return ctx.world_rank, ctx.world_size
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
 def prepare_data_loader(loader: DataLoader, add_dist_sampler: bool = True,
                         move_to_device: bool = True) -> Any:
     """Shard a DataLoader across workers and move its batches to the device.
@@ -118,10 +134,12 @@ def prepare_data_loader(loader: DataLoader, add_dist_sampler: bool = True,
     """
     if not isinstance(loader, DataLoader):
         raise TypeError(f"prepare_data_loader() takes a torch DataLoader, got {type(loader).__name__}")
-    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    if add_dist_sampler and world > 1 and not isinstance(loader.sampler, DistributedSampler):
+    rank, world = _rank_and_world()
+    # A DistributedSampler even at world size 1, so a rescale can re-shard it in place.
+    if add_dist_sampler and not isinstance(loader.sampler, DistributedSampler):
         shuffle = isinstance(loader.sampler, RandomSampler)
-        sampler = DistributedSampler(loader.dataset, shuffle=shuffle)
+        sampler = DistributedSampler(loader.dataset, num_replicas=world, rank=rank, shuffle=shuffle)
+        process_group_state().track_sampler(sampler)
         loader = DataLoader(
             loader.dataset,
             batch_size=loader.batch_size,

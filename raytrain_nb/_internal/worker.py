@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import cell as cellmod
 from .backend import free_port, process_group_state
@@ -135,12 +135,32 @@ class Worker:
         return free_port()
 
     def setup(self, context: Dict[str, Any], env: Dict[str, str], backend: str,
-              master_addr: str, master_port: int, timeout_s: float) -> Dict[str, Any]:
-        """Set rank variables, then join the process group (on the cell thread)."""
-        return self._cells.call(self._setup, context, env, backend, master_addr, master_port, timeout_s)
+              master_addr: str, master_port: int, defer: bool = False) -> Dict[str, Any]:
+        """Set rank variables, then join the process group (on the cell thread).
+
+        With ``defer`` the process group is joined later (:meth:`join`), after
+        the worker replayed the group's setup cells.
+        """
+        return self._cells.call(self._setup, context, env, backend, master_addr, master_port, defer)
 
     def _setup(self, context: Dict[str, Any], env: Dict[str, str], backend: str,
-               master_addr: str, master_port: int, timeout_s: float) -> Dict[str, Any]:
+               master_addr: str, master_port: int, defer: bool) -> Dict[str, Any]:
+        self._set_context(context, env)
+        device = "cpu"
+        self.pg.backend = backend
+        if backend != "none":
+            import torch
+
+            if torch.cuda.is_available() and os.environ.get("CUDA_VISIBLE_DEVICES", "") not in ("", "-1"):
+                torch.cuda.set_device(0)
+                device = f"cuda:{torch.cuda.current_device()} ({torch.cuda.get_device_name()})"
+            if defer:
+                self.pg.deferred = True
+            else:
+                self.pg.init(backend, master_addr, master_port, self.rank, context["world_size"])
+        return {"device": device}
+
+    def _set_context(self, context: Dict[str, Any], env: Dict[str, str]) -> None:
         os.environ.update(env)
         ctx = TrainContext(**context)
         self.rank = ctx.world_rank
@@ -149,31 +169,26 @@ class Worker:
         else:
             self.session.context = ctx
         _set_session(self.session)
-        device = "cpu"
-        if backend != "none":
-            import torch
 
-            if torch.cuda.is_available() and os.environ.get("CUDA_VISIBLE_DEVICES", "") not in ("", "-1"):
-                torch.cuda.set_device(0)
-                device = f"cuda:{torch.cuda.current_device()} ({torch.cuda.get_device_name()})"
-            self.pg.init(backend, master_addr, master_port, ctx.world_rank, ctx.world_size, timeout_s)
-        else:
-            self.pg.backend = "none"
-        return {"device": device}
+    def join(self, context: Dict[str, Any], env: Dict[str, str], master_addr: str, master_port: int,
+             src: int = 0, fresh: bool = False) -> int:
+        """(Re-)form the process group at the given rank and size; sync state from rank ``src``."""
+        return self._cells.call(self._join, context, env, master_addr, master_port, src, fresh)
 
-    def reform(self, context: Dict[str, Any], env: Dict[str, str], master_addr: str, master_port: int) -> int:
-        """Re-form the process group (same or new size) and re-wrap DDP models."""
-        return self._cells.call(self._reform, context, env, master_addr, master_port)
+    def _join(self, context: Dict[str, Any], env: Dict[str, str], master_addr: str, master_port: int,
+              src: int, fresh: bool) -> int:
+        self._set_context(context, env)
+        return self.pg.join(self.pg.backend, master_addr, master_port, self.rank, context["world_size"],
+                            self.namespace, src=src, fresh=fresh)
 
-    def _reform(self, context: Dict[str, Any], env: Dict[str, str], master_addr: str, master_port: int) -> int:
-        os.environ.update(env)
-        ctx = TrainContext(**context)
-        self.rank = ctx.world_rank
-        if self.session is not None:
-            self.session.context = ctx
-        if self.pg.backend == "none":
-            return 0
-        return self.pg.reform(master_addr, master_port, ctx.world_rank, ctx.world_size, self.namespace)
+    def replay(self, cells: Sequence[Tuple[int, str]]) -> int:
+        """Re-run setup cells on a new worker (collectives deferred); raise if one fails."""
+        for cell_id, source in cells:
+            result = self._cells.call(self._run_cell, source, cell_id, False)
+            failure = result["failure"]
+            if failure is not None:
+                raise RuntimeError(f"replaying cell {cell_id} failed: {failure.type_name}: {failure.message}")
+        return len(cells)
 
     # -- running user code ---------------------------------------------------------------
 

@@ -1,0 +1,127 @@
+"""Replacing dead workers and resizing a live group, keeping the warm state.
+
+A new worker rebuilds its namespace by replaying the group's setup cells with
+collectives deferred (``prepare_model`` returns a DDP object bound later);
+then every rank joins a new process group and the replicated state is
+broadcast from a live peer (see :mod:`.replicate`).
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, List, Sequence
+
+from .errors import GroupError
+from .placement import reserve
+
+if TYPE_CHECKING:
+    from .group import WorkerGroup, _Slot
+
+logger = logging.getLogger(__name__)
+
+_GONE = ("dead", "unresponsive")
+
+
+def _kill(slot: "_Slot") -> None:
+    import ray
+
+    try:
+        ray.kill(slot.actor, no_restart=True)
+    except Exception:  # noqa: BLE001 - already gone
+        pass
+
+
+def _prepare_new(group: "WorkerGroup", ranks: Sequence[int]) -> None:
+    """Set up the workers of ``ranks`` without joining, then replay the setup cells on them."""
+    infos = group._contexts()
+    addr = group._slots[0].info.get("node_ip", "127.0.0.1")
+    refs = [group._slots[r].actor.setup.remote(infos[r].context(group.name), infos[r].env(addr, 0),
+                                               group.backend, addr, 0, True) for r in ranks]
+    for r, res in zip(ranks, group._get(refs, group.start_timeout_s, "start")):
+        group._slots[r].device = res["device"]
+    cells = [(c.cell_id, c.source) for c in group.history if c.setup]
+    if cells:
+        group._get([group._slots[r].actor.replay.remote(cells) for r in ranks], group.start_timeout_s,
+                   "replay the setup cells of")
+
+
+def _survivor(group: "WorkerGroup", new: Sequence[int]) -> int:
+    live = [r for r in range(group.num_workers) if r not in new]
+    if not live:
+        raise GroupError("no live worker is left to copy the state from: start a new group (and roll back "
+                         "to a checkpoint), or restart from a checkpoint")
+    return live[0]
+
+
+def replace_ranks(group: "WorkerGroup", ranks: List[int]) -> None:
+    """New actors in the places of ``ranks``; state from the lowest surviving rank."""
+    from .group import GroupState
+
+    src = _survivor(group, ranks)
+    group._set_state(GroupState.RECOVERING)
+    try:
+        for r in ranks:
+            old = group._slots[r]
+            _kill(old)
+            group._slots[r] = group._spawn(old.pg, old.bundle)
+        group._describe([group._slots[r] for r in ranks])
+        _prepare_new(group, ranks)
+        group._rendezvous("join", src=src, fresh=ranks)
+    except BaseException:
+        group._set_state(GroupState.FAILED)
+        raise
+    group._set_state(GroupState.IDLE)
+    logger.info("replaced rank(s) %s; state copied from rank %d", ranks, src)
+
+
+def restart(group: "WorkerGroup") -> List[int]:
+    group._check_not_running()
+    dead = [r for r, s in enumerate(group._slots) if s.state in _GONE]
+    if not dead:
+        raise GroupError("no dead worker to restart: every rank is alive (%dist_status shows them)")
+    replace_ranks(group, dead)
+    return dead
+
+
+def rescale(group: "WorkerGroup", num_workers: int) -> None:
+    from .config import GroupConfig
+    from .group import GroupState
+
+    group._check_not_running()
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+        raise GroupError(f"rescale to {num_workers!r} workers is not possible: give a whole number of at least 1")
+    alive = [s for s in group._slots if s.state not in _GONE]
+    if not alive:
+        raise GroupError("every worker is dead: nothing to keep; shut the group down and start a new one")
+    keep, drop = alive[:num_workers], alive[num_workers:] + [s for s in group._slots if s.state in _GONE]
+    need = num_workers - len(keep)
+    extra_pg = None
+    if need > len(drop) + len(group._free):  # reserve the rest before touching anything: fail fast
+        more = need - len(drop) - len(group._free)
+        extra_pg = reserve(GroupConfig(num_workers=more, cpus_per_worker=group.config.cpus_per_worker,
+                                       gpus_per_worker=group.config.gpus_per_worker,
+                                       resources_per_worker=group.config.resources_per_worker,
+                                       placement_strategy=group.config.placement_strategy,
+                                       backend=group.backend), more, group.placement_timeout_s)
+        group._pgs.append(extra_pg)
+    group._set_state(GroupState.RECOVERING)
+    try:
+        for slot in drop:
+            _kill(slot)
+            group._free.append((slot.pg, slot.bundle))
+        places = list(group._free[:need])
+        del group._free[:need]
+        if extra_pg is not None:
+            places += [(extra_pg, i) for i in range(need - len(places))]
+        new = [group._spawn(pg, bundle) for pg, bundle in places]
+        group._slots = keep + new
+        new_ranks = list(range(len(keep), num_workers))
+        if new:
+            group._describe(new)
+            _prepare_new(group, new_ranks)
+        group._rendezvous("join", src=0, fresh=new_ranks)
+        group.config = GroupConfig(**{**group.config.__dict__, "num_workers": num_workers})
+    except BaseException:
+        group._set_state(GroupState.FAILED)
+        raise
+    group._set_state(GroupState.IDLE)
+    logger.info("rescaled to %d workers", num_workers)
