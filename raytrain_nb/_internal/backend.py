@@ -15,7 +15,7 @@ import os
 import socket
 import threading
 import weakref
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 logger = logging.getLogger(__name__)
 
@@ -160,7 +160,8 @@ class ProcessGroupState:
             self._sockets = {}
 
     def join(self, backend: str, master_addr: str, master_port: int, rank: int, world_size: int,
-             namespace: Optional[Dict[str, Any]] = None, src: int = 0, fresh: bool = False) -> int:
+             namespace: Optional[Dict[str, Any]] = None, src: int = 0, fresh: bool = False,
+             rank_specific: Sequence[str] = ()) -> int:
         """Leave any old process group, form the new one, and bring this rank's state in line.
 
         After the group forms, the replicated state of ``namespace`` (modules,
@@ -178,7 +179,7 @@ class ProcessGroupState:
         if namespace is not None:
             from .replicate import sync_replicated
 
-            sync_replicated(namespace, src=src, fresh=fresh)
+            sync_replicated(namespace, src=src, fresh=fresh, rank_specific=rank_specific)
         self.reshard(rank, world_size)
         return self.rewrap_all()
 

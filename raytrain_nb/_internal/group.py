@@ -115,6 +115,8 @@ class WorkerGroup:
         address: a Ray cluster address; default ``RAY_ADDRESS`` or an embedded instance.
         name: a readable name for the run.
         placement_timeout_s: how long to wait for resources before failing.
+        heartbeat_timeout_s: a worker silent this long is reported unresponsive.
+        spares: standby workers kept started (torch imported) to replace a dead rank quickly.
 
     Raises:
         GroupError: bad arguments; ResourceError: the cluster cannot place the group.
@@ -130,7 +132,8 @@ class WorkerGroup:
                  resources_per_worker: Optional[Dict[str, float]] = None, placement_strategy: str = "PACK",
                  backend: Optional[str] = None, address: Optional[str] = None, name: Optional[str] = None,
                  placement_timeout_s: float = 10.0, start_timeout_s: float = 180.0,
-                 heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S, activate: bool = True) -> None:
+                 heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S, spares: int = 0,
+                 activate: bool = True) -> None:
         global _ACTIVE
         self.config = GroupConfig(num_workers=num_workers, cpus_per_worker=cpus_per_worker,
                                   gpus_per_worker=gpus_per_worker, resources_per_worker=resources_per_worker,
@@ -148,14 +151,19 @@ class WorkerGroup:
         self._free: List[Any] = []  # (placement group, bundle) reserved but unused
         self._pgs: List[Any] = []
         self.history: List[CellRecord] = []
+        self.rank_specific: set = {"rank", "local_rank", "world_rank", "ctx"}  # plain names that differ by rank
         self._cell_seq = 0
         self.latest_metrics: Dict[int, Dict[str, Any]] = {}
         self.metrics_history: Dict[int, Deque[Dict[str, Any]]] = {}
         cluster.connect(address)
         self.placement_timeout_s = placement_timeout_s
-        pg = reserve(self.config, num_workers, placement_timeout_s)
+        if isinstance(spares, bool) or not isinstance(spares, int) or spares < 0:
+            raise GroupError(f"spares={spares!r} is not allowed: give a whole number, 0 or more (--spares 1)")
+        pg = reserve(self.config, num_workers + spares, placement_timeout_s)
         self._pgs.append(pg)
+        self._spares: List[_Slot] = []
         try:
+            self._spares = [self._spawn(pg, i) for i in range(num_workers, num_workers + spares)]
             slots = [self._spawn(pg, i) for i in range(num_workers)]
             self._slots = self._order(slots)
             self._rendezvous("setup")
@@ -265,7 +273,8 @@ class WorkerGroup:
         if cluster.is_multinode():
             opts["runtime_env"] = {"working_dir": cwd, "excludes": [".git", ".venv", ".ipynb_checkpoints"]}
             cwd = None
-        actor = remote_worker_class().options(**opts).remote(cwd=cwd, sys_path=[os.getcwd()])
+        preload = ("torch", "torch.distributed") if self.backend != "none" else ()
+        actor = remote_worker_class().options(**opts).remote(cwd=cwd, sys_path=[os.getcwd()], preload=preload)
         return _Slot(actor=actor, pg=pg, bundle=bundle, info={})
 
     def _describe(self, slots: List[_Slot]) -> None:
@@ -301,7 +310,8 @@ class WorkerGroup:
             if method == "setup":
                 refs.append(slot.actor.setup.remote(ctx, env, self.backend, addr, port))
             else:
-                refs.append(slot.actor.join.remote(ctx, env, addr, port, src, rank in fresh))
+                refs.append(slot.actor.join.remote(ctx, env, addr, port, src, rank in fresh,
+                                                   sorted(self.rank_specific)))
         results = self._get(refs, self.start_timeout_s, "form the process group of")
         for slot, res in zip(self._slots, results):
             if method == "setup":
@@ -340,7 +350,8 @@ class WorkerGroup:
         return sorted(set(ranks))
 
     def run(self, source: str, ranks: Optional[Sequence[int]] = None, *, output: str = "rank0",
-            sink: Optional[OutputSink] = None, setup: Optional[bool] = None) -> CellResult:
+            sink: Optional[OutputSink] = None, setup: Optional[bool] = None, on_failure: str = "raise",
+            max_failures: int = 1) -> CellResult:
         """Run cell source in each worker's persistent namespace (IPython semantics).
 
         Output streams to ``sink`` while the cell runs; the value of a trailing
@@ -353,6 +364,9 @@ class WorkerGroup:
             sink: where output goes (default: this process's stdout/stderr).
             setup: whether a new rank must replay this cell to rebuild its namespace;
                 by default, cells that did not call ``report()``.
+            on_failure: when a worker dies: ``raise`` (default), ``restart`` (replace it,
+                state from a live peer) or ``rescale`` (continue with the survivors); then
+                the cell runs again, at most ``max_failures`` times (-1: no limit).
 
         Returns:
             A :class:`CellResult`.
@@ -360,8 +374,24 @@ class WorkerGroup:
         Raises:
             WorkerError: the cell raised on some ranks (merged, shown as the cell's traceback).
         """
+        from .recovery import ON_FAILURE, recover_and_retry
+
         if output not in OUTPUT_MODES:
             raise GroupError(f"output={output!r} is unknown: use rank0, all or none")
+        if on_failure not in ON_FAILURE:
+            raise GroupError(f"on_failure={on_failure!r} is unknown: use raise, restart or rescale")
+        sink = sink or TextSink()
+        attempt = 0
+        while True:
+            try:
+                return self._run_once(source, ranks, output, sink, setup)
+            except WorkerError as exc:
+                if not recover_and_retry(self, exc, on_failure, attempt, max_failures, sink):
+                    raise
+                attempt += 1
+
+    def _run_once(self, source: str, ranks: Optional[Sequence[int]], output: str, sink: OutputSink,
+                  setup: Optional[bool]) -> CellResult:
         self._check_usable()
         targets = self._targets(ranks)
         self._cell_seq += 1
@@ -375,8 +405,12 @@ class WorkerGroup:
         started = time.perf_counter()
         shown = targets[:1] if output == "rank0" else targets
         results = self._dispatch(lambda s: s.actor.run_cell.remote(source, cell_id, True), targets,
-                                 sink or TextSink(), output, shown)
+                                 sink, output, shown)
         values = {r: res.get("value") for r, res in results.items()}
+        prints = [res.get("fingerprint") or {} for res in results.values()]
+        for name in set(prints[0]).intersection(*prints[1:]) if prints else ():
+            if len({p[name] for p in prints}) > 1:
+                self.rank_specific.add(name)
         if len(targets) == self.num_workers:
             reports = max(res.get("reports", 0) for res in results.values())
             self.history.append(CellRecord(cell_id, source, reports == 0 if setup is None else bool(setup),
@@ -593,7 +627,7 @@ class WorkerGroup:
         live = [s for s in self._slots if s.state != "dead"]
         if live:
             ray.wait([s.actor.shutdown_backend.remote() for s in live], num_returns=len(live), timeout=5)
-        for s in self._slots:
+        for s in self._slots + getattr(self, "_spares", []):
             try:
                 ray.kill(s.actor, no_restart=True)
             except Exception:

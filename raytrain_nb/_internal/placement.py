@@ -11,7 +11,9 @@ logger = logging.getLogger(__name__)
 
 
 def _fmt(res: Dict[str, float]) -> str:
-    return ", ".join(f"{v:g} {k}" for k, v in sorted(res.items())) or "nothing"
+    """Resources as text, without the per-placement-group bookkeeping entries Ray adds."""
+    shown = {k: v for k, v in res.items() if "_group_" not in k and not k.startswith(("node:", "bundle_group"))}
+    return ", ".join(f"{v:g} {k}" for k, v in sorted(shown.items())) or "nothing"
 
 
 def check_feasible(config: GroupConfig, count: int, total: Dict[str, float],
@@ -35,6 +37,14 @@ def check_feasible(config: GroupConfig, count: int, total: Dict[str, float],
         raise ResourceError(f"one worker asks for {_fmt(bundle)}, more than any single node has")
 
 
+def check_cluster(config: GroupConfig, count: int) -> None:
+    """:func:`check_feasible` against the connected Ray cluster."""
+    import ray
+
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    check_feasible(config, count, ray.cluster_resources(), nodes)
+
+
 def reserve(config: GroupConfig, count: int, timeout_s: float) -> Any:
     """Create a ready placement group of ``count`` bundles, or raise within ``timeout_s``.
 
@@ -44,8 +54,7 @@ def reserve(config: GroupConfig, count: int, timeout_s: float) -> Any:
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
-    check_feasible(config, count, ray.cluster_resources(), nodes)
+    check_cluster(config, count)
     bundle = config.bundle() or {"CPU": 0.001}
     pg = placement_group([dict(bundle) for _ in range(count)], strategy=config.placement_strategy)
     ready, _ = ray.wait([pg.ready()], timeout=timeout_s)

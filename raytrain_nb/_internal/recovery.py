@@ -7,11 +7,12 @@ broadcast from a live peer (see :mod:`.replicate`).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any, List, Sequence
 
 from .errors import GroupError
-from .placement import reserve
+from .placement import check_cluster, reserve
 
 if TYPE_CHECKING:
     from .group import WorkerGroup, _Slot
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _GONE = ("dead", "unresponsive")
+ON_FAILURE = ("raise", "restart", "rescale")
 
 
 def _kill(slot: "_Slot") -> None:
@@ -62,7 +64,11 @@ def replace_ranks(group: "WorkerGroup", ranks: List[int]) -> None:
         for r in ranks:
             old = group._slots[r]
             _kill(old)
-            group._slots[r] = group._spawn(old.pg, old.bundle)
+            if group._spares:  # a standby worker, started and with torch imported
+                group._slots[r] = group._spares.pop(0)
+                group._spares.append(group._spawn(old.pg, old.bundle))  # refill in the background
+            else:
+                group._slots[r] = group._spawn(old.pg, old.bundle)
         group._describe([group._slots[r] for r in ranks])
         _prepare_new(group, ranks)
         group._rendezvous("join", src=src, fresh=ranks)
@@ -83,7 +89,6 @@ def restart(group: "WorkerGroup") -> List[int]:
 
 
 def rescale(group: "WorkerGroup", num_workers: int) -> None:
-    from .config import GroupConfig
     from .group import GroupState
 
     group._check_not_running()
@@ -94,14 +99,11 @@ def rescale(group: "WorkerGroup", num_workers: int) -> None:
         raise GroupError("every worker is dead: nothing to keep; shut the group down and start a new one")
     keep, drop = alive[:num_workers], alive[num_workers:] + [s for s in group._slots if s.state in _GONE]
     need = num_workers - len(keep)
+    check_cluster(dataclasses.replace(group.config, num_workers=num_workers), num_workers)
     extra_pg = None
     if need > len(drop) + len(group._free):  # reserve the rest before touching anything: fail fast
         more = need - len(drop) - len(group._free)
-        extra_pg = reserve(GroupConfig(num_workers=more, cpus_per_worker=group.config.cpus_per_worker,
-                                       gpus_per_worker=group.config.gpus_per_worker,
-                                       resources_per_worker=group.config.resources_per_worker,
-                                       placement_strategy=group.config.placement_strategy,
-                                       backend=group.backend), more, group.placement_timeout_s)
+        extra_pg = reserve(dataclasses.replace(group.config, num_workers=more), more, group.placement_timeout_s)
         group._pgs.append(extra_pg)
     group._set_state(GroupState.RECOVERING)
     try:
@@ -119,9 +121,26 @@ def rescale(group: "WorkerGroup", num_workers: int) -> None:
             group._describe(new)
             _prepare_new(group, new_ranks)
         group._rendezvous("join", src=0, fresh=new_ranks)
-        group.config = GroupConfig(**{**group.config.__dict__, "num_workers": num_workers})
+        group.config = dataclasses.replace(group.config, num_workers=num_workers)
     except BaseException:
         group._set_state(GroupState.FAILED)
         raise
     group._set_state(GroupState.IDLE)
     logger.info("rescaled to %d workers", num_workers)
+
+
+def recover_and_retry(group: "WorkerGroup", exc: Exception, policy: str, attempt: int, max_failures: int,
+                      sink: Any) -> bool:
+    """Apply ``--on-failure``: recover from dead workers and say so; False to re-raise."""
+    deaths = [f for f in getattr(exc, "failures", []) if f.type_name in ("WorkerDiedError", "WorkerUnresponsiveError")]
+    if policy == "raise" or not deaths or (0 <= max_failures <= attempt):
+        return False
+    ranks = ", ".join(str(f.rank) for f in deaths)
+    limit = "no limit" if max_failures < 0 else f"{attempt + 1}/{max_failures}"
+    sink.notice(f"rank(s) {ranks} died ({deaths[0].message.split(': ', 1)[-1]}); --on-failure {policy} "
+                f"({limit}): recovering, then running the cell again")
+    if policy == "restart":
+        restart(group)
+    else:
+        rescale(group, sum(1 for s in group._slots if s.state not in _GONE))
+    return True

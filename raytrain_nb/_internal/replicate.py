@@ -7,7 +7,7 @@ replaying setup cells but has fresh values), and when the group is rescaled.
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 from .snapshot import SnapshotError, find_tracked, fingerprint
 
@@ -18,14 +18,15 @@ def _shapes(module: Any) -> List[Tuple[str, Tuple[int, ...], str]]:
     return [(k, tuple(v.shape), str(v.dtype)) for k, v in module.state_dict().items()]
 
 
-def sync_replicated(namespace: Dict[str, Any], src: int, fresh: bool) -> Dict[str, int]:
+def sync_replicated(namespace: Dict[str, Any], src: int, fresh: bool,
+                    rank_specific: Sequence[str] = ()) -> Dict[str, int]:
     """Broadcast rank ``src``'s modules, optimizers, schedulers and scalers to every rank.
 
     Only objects every rank has under the same name (and, for modules, the same
     parameter shapes) are synchronised. A ``fresh`` rank (a replacement or a new
-    rank) also receives the plain variables it lacks (``step``, ``epoch``...).
-    Rank-specific values the fresh rank made itself (``rank``, the context,
-    samplers) are left alone.
+    rank) also receives rank ``src``'s plain variables (``step``, ``epoch``...),
+    except the ``rank_specific`` ones (seen to differ across ranks, like
+    ``rank``): those stay the fresh rank's own.
 
     Returns:
         Counts of what was synchronised, by kind.
@@ -68,12 +69,12 @@ def sync_replicated(namespace: Dict[str, Any], src: int, fresh: bool) -> Dict[st
                 if dist.get_rank() != src:
                     stateful[name].load_state_dict(box[0])
                 counts["objects"] += 1
-    wanted = sorted({n for e in everyone if e["fresh"] for n in ref["plain"] if n not in e["names"]})
+    skip = set(rank_specific)
+    wanted = sorted(n for n in ref["plain"] if n not in skip) if any(e["fresh"] for e in everyone) else []
     if wanted:
         box = [{n: namespace[n] for n in wanted} if dist.get_rank() == src else None]
         dist.broadcast_object_list(box, src=src)
         if fresh:
-            for name, value in box[0].items():
-                namespace.setdefault(name, value)
+            namespace.update(box[0])
         counts["variables"] = len(wanted)
     return counts

@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import concurrent.futures
 import ctypes
+import importlib
 import logging
 import os
 import queue
@@ -25,6 +26,7 @@ from .capture import OutputBuffer, OutputCapture
 from .display import WorkerDisplay
 from .errors import RankFailure, failure_from_exception
 from .session import TrainContext, WorkerSession, _set_session
+from .snapshot import fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +87,7 @@ class Worker:
     """One rank of a :class:`~raytrain_nb.WorkerGroup` (a Ray actor when spawned)."""
 
     def __init__(self, cwd: Optional[str] = None, sys_path: Sequence[str] = (),
-                 env: Optional[Dict[str, str]] = None, capture: bool = True) -> None:
+                 env: Optional[Dict[str, str]] = None, capture: bool = True, preload: Sequence[str] = ()) -> None:
         os.environ.setdefault("MPLBACKEND", "Agg")
         for key, value in (env or {}).items():
             os.environ[key] = value
@@ -113,6 +115,23 @@ class Worker:
         self.session: Optional[WorkerSession] = None
         self.rank = -1
         self._watch_stop = threading.Event()
+        self._preloaded = threading.Event()
+        # Import heavy modules (torch) while the driver sets up the rest of the group.
+        threading.Thread(target=self._preload, args=(tuple(preload),), name="rtnb-preload", daemon=True).start()
+
+    def _preload(self, modules: Sequence[str]) -> None:
+        try:
+            for name in modules:
+                importlib.import_module(name)
+        except Exception as exc:  # the real import in user code will report it
+            logger.debug("preloading %s failed: %s", modules, exc)
+        finally:
+            self._preloaded.set()
+
+    def warm(self) -> int:
+        """Returns once the preloaded modules are imported (a standby worker is ready)."""
+        self._preloaded.wait()
+        return os.getpid()
 
     # -- identity and setup --------------------------------------------------------------
 
@@ -171,15 +190,15 @@ class Worker:
         _set_session(self.session)
 
     def join(self, context: Dict[str, Any], env: Dict[str, str], master_addr: str, master_port: int,
-             src: int = 0, fresh: bool = False) -> int:
+             src: int = 0, fresh: bool = False, rank_specific: Sequence[str] = ()) -> int:
         """(Re-)form the process group at the given rank and size; sync state from rank ``src``."""
-        return self._cells.call(self._join, context, env, master_addr, master_port, src, fresh)
+        return self._cells.call(self._join, context, env, master_addr, master_port, src, fresh, rank_specific)
 
     def _join(self, context: Dict[str, Any], env: Dict[str, str], master_addr: str, master_port: int,
-              src: int, fresh: bool) -> int:
+              src: int, fresh: bool, rank_specific: Sequence[str]) -> int:
         self._set_context(context, env)
         return self.pg.join(self.pg.backend, master_addr, master_port, self.rank, context["world_size"],
-                            self.namespace, src=src, fresh=fresh)
+                            self.namespace, src=src, fresh=fresh, rank_specific=rank_specific)
 
     def replay(self, cells: Sequence[Tuple[int, str]]) -> int:
         """Re-run setup cells on a new worker (collectives deferred); raise if one fails."""
@@ -277,6 +296,7 @@ class Worker:
                 self._display.flush_figures()
                 if show_value and value is not None:
                     result["value"] = self._display.format(value)
+                result["fingerprint"] = fingerprint(self.namespace)
             except BaseException as exc:  # noqa: BLE001 - reported to the driver
                 try:
                     self._display.flush_figures()
