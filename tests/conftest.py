@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 
@@ -9,6 +10,7 @@ import pytest
 os.environ.setdefault("RAYTRAIN_NB_NUM_CPUS", "8")
 os.environ.setdefault("RAYTRAIN_NB_OBJECT_STORE_BYTES", str(100 * 1024 * 1024))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("RAYTRAIN_NB_STORAGE_PATH", tempfile.mkdtemp(prefix="rtnb-test-runs-"))
 
 
 @pytest.fixture(scope="session")

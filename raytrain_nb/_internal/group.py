@@ -20,6 +20,7 @@ from .cell import format_user_traceback, needs_ipython
 from .config import GroupConfig
 from .errors import GroupError, RankFailure, WorkerError
 from .output import OUTPUT_MODES, OutputSink, TextSink, route
+from .checkpointing import RollbackResult, RunStorage
 from .monitor import DEFAULT_HEARTBEAT_TIMEOUT_S, HealthMonitor
 from .placement import reserve
 from .ranks import RankInfo, assign_ranks, rank_infos
@@ -117,6 +118,11 @@ class WorkerGroup:
         placement_timeout_s: how long to wait for resources before failing.
         heartbeat_timeout_s: a worker silent this long is reported unresponsive.
         spares: standby workers kept started (torch imported) to replace a dead rank quickly.
+        storage_path: where runs are kept (any fsspec URL shared by all workers); default
+            ``RAYTRAIN_NB_STORAGE_PATH`` or ``~/raytrain_nb_results``. The run directory is
+            ``<storage_path>/<name>``.
+        num_to_keep, checkpoint_score_attribute, checkpoint_score_order: how many reported
+            checkpoints to keep, ranked by which metric (snapshots are always kept).
 
     Raises:
         GroupError: bad arguments; ResourceError: the cluster cannot place the group.
@@ -133,6 +139,8 @@ class WorkerGroup:
                  backend: Optional[str] = None, address: Optional[str] = None, name: Optional[str] = None,
                  placement_timeout_s: float = 10.0, start_timeout_s: float = 180.0,
                  heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S, spares: int = 0,
+                 storage_path: Optional[str] = None, num_to_keep: Optional[int] = None,
+                 checkpoint_score_attribute: Optional[str] = None, checkpoint_score_order: str = "max",
                  activate: bool = True) -> None:
         global _ACTIVE
         self.config = GroupConfig(num_workers=num_workers, cpus_per_worker=cpus_per_worker,
@@ -151,10 +159,13 @@ class WorkerGroup:
         self._free: List[Any] = []  # (placement group, bundle) reserved but unused
         self._pgs: List[Any] = []
         self.history: List[CellRecord] = []
+        self._max_report_index = -1
         self.rank_specific: set = {"rank", "local_rank", "world_rank", "ctx"}  # plain names that differ by rank
         self._cell_seq = 0
         self.latest_metrics: Dict[int, Dict[str, Any]] = {}
         self.metrics_history: Dict[int, Deque[Dict[str, Any]]] = {}
+        self.run_storage = RunStorage(storage_path, self.name, num_to_keep, checkpoint_score_attribute,
+                                      checkpoint_score_order)
         cluster.connect(address)
         self.placement_timeout_s = placement_timeout_s
         if isinstance(spares, bool) or not isinstance(spares, int) or spares < 0:
@@ -167,6 +178,8 @@ class WorkerGroup:
             slots = [self._spawn(pg, i) for i in range(num_workers)]
             self._slots = self._order(slots)
             self._rendezvous("setup")
+            self._get([s.actor.set_storage.remote(self.run_storage.url) for s in self._slots], 60, "start")
+            self.run_storage.check_shared(self)
         except BaseException:
             self._teardown()
             raise
@@ -404,8 +417,16 @@ class WorkerGroup:
                 raise WorkerError([RankFailure(r, "SyntaxError", str(exc), tb) for r in targets]) from None
         started = time.perf_counter()
         shown = targets[:1] if output == "rank0" else targets
-        results = self._dispatch(lambda s: s.actor.run_cell.remote(source, cell_id, True), targets,
-                                 sink, output, shown)
+        base = self.run_storage.report_base
+        if self.run_storage.background_error:
+            sink.notice(f"an earlier background checkpoint failed and was discarded: "
+                        f"{self.run_storage.background_error}")
+            self.run_storage.background_error = None
+        try:
+            results = self._dispatch(lambda s: s.actor.run_cell.remote(source, cell_id, True, base), targets,
+                                     sink, output, shown)
+        finally:
+            self.run_storage.advance(max(self._reports_seen(base), 0))
         values = {r: res.get("value") for r, res in results.items()}
         prints = [res.get("fingerprint") or {} for res in results.values()]
         for name in set(prints[0]).intersection(*prints[1:]) if prints else ():
@@ -422,8 +443,12 @@ class WorkerGroup:
         """Call ``fn(*args, **kwargs)`` on each targeted worker; return per-rank results in rank order."""
         self._check_usable()
         targets = self._targets(ranks)
-        results = self._dispatch(lambda s: s.actor.execute.remote(fn, args, kwargs), targets,
-                                 sink or TextSink(), "rank0", targets[:1])
+        base = self.run_storage.report_base
+        try:
+            results = self._dispatch(lambda s: s.actor.execute.remote(fn, args, kwargs, base), targets,
+                                     sink or TextSink(), "rank0", targets[:1])
+        finally:
+            self.run_storage.advance(max(self._reports_seen(base), 0))
         return [results[r]["value"] for r in targets]
 
     def _dispatch(self, submit: Callable[[_Slot], Any], targets: List[int], sink: OutputSink,
@@ -479,8 +504,18 @@ class WorkerGroup:
                 any_dead = True
         self._set_state(GroupState.FAILED if any_dead else GroupState.IDLE)
 
+    def _reports_seen(self, base: int) -> int:
+        """How many reports the last cell made (numbered from ``base``), from what reached the driver."""
+        return self._max_report_index - base + 1 if self._max_report_index >= base else 0
+
     def record_metrics(self, records: Sequence[Dict[str, Any]]) -> None:
-        """Keep reported metrics per rank: the latest and a capped history."""
+        """Keep reported metrics per rank: the latest and a capped history; log and commit checkpoints."""
+        for rec in records:
+            name = rec.get("report")
+            if name:
+                self._max_report_index = max(self._max_report_index, int(name.rsplit("_", 1)[1]))
+        if records:
+            self.run_storage.on_records(records, self.num_workers)
         for rec in records:
             rank = rec["rank"]
             self.latest_metrics[rank] = rec["metrics"]
@@ -576,13 +611,67 @@ class WorkerGroup:
 
         replace_ranks(self, list(ranks))
 
-    def restart(self) -> List[int]:
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def checkpoint(self, name: Optional[str] = None, vars: Sequence[str] = (), *, blocking: bool = True,
+                   timeout_s: float = 60.0) -> Any:
+        """Snapshot the warm state of every rank (models, optimizers, schedulers, grad scalers, RNG
+        states, and the plain variables named in ``vars``).
+
+        Between cells it is taken at once; while a cell runs (from another thread, a background
+        cell, the dashboard), at the next ``report()`` on every rank, or fails after ``timeout_s``.
+        With ``blocking=False`` the state is copied in memory, then written in the background.
+
+        Returns:
+            The committed :class:`CheckpointEntry` (None when ``blocking=False``).
+
+        Raises:
+            SnapshotError: e.g. an optimizer whose model is not bound to a name.
+        """
+        from .checkpointing import checkpoint
+
+        return checkpoint(self, name, list(vars), blocking, timeout_s)
+
+    def rollback(self, name_or_index: Any = "latest", *, run: Optional[str] = None,
+                 allow_pickle: bool = False) -> RollbackResult:
+        """Load a snapshot into the same objects on every rank (``id()`` unchanged).
+
+        Args:
+            name_or_index: a snapshot name, an index into :meth:`checkpoints`, or ``"latest"``.
+            run: another run (in the same storage) to take it from, e.g. from an earlier kernel.
+            allow_pickle: allow unpickling the saved ``vars`` that are not plain data.
+
+        Returns:
+            A :class:`RollbackResult` listing what was restored and the plain variables,
+            not restored, that changed since the snapshot.
+        """
+        from .checkpointing import rollback
+
+        return rollback(self, name_or_index, run, allow_pickle)
+
+    def checkpoints(self, kind: Optional[str] = None) -> List[Any]:
+        """The run's checkpoints (``kind``: ``"snapshot"``, ``"reported"`` or all), oldest first."""
+        from .checkpointing import wait_background
+
+        wait_background(self)
+        return self.run_storage.manager.list(kind)
+
+    def delete_checkpoint(self, name: str) -> None:
+        """Delete a checkpoint (snapshots are only ever deleted this way)."""
+        self.run_storage.manager.delete(name)
+
+    # -- recovery --------------------------------------------------------------------------
+
+    def restart(self, from_checkpoint: Optional[Any] = None) -> List[int]:
         """Replace every dead (or unresponsive) worker; state comes from a live peer.
 
         Each replacement replays the group's setup cells (collectives deferred),
         then every rank re-forms the process group, DDP models are re-wrapped
         and the replicated state (models, optimizers, schedulers, grad scalers,
         plain variables the replacement lacks) is broadcast from a survivor.
+
+        With ``from_checkpoint`` (a snapshot name, or ``"latest"``) every rank then loads
+        that snapshot instead.
 
         Returns:
             The ranks replaced.
@@ -592,7 +681,11 @@ class WorkerGroup:
         """
         from .recovery import restart
 
-        return restart(self)
+        self.run_storage.recover()
+        replaced = restart(self)
+        if from_checkpoint is not None:
+            self.rollback(from_checkpoint)
+        return replaced
 
     def rescale(self, num_workers: int) -> None:
         """Grow or shrink the group to ``num_workers``, keeping the warm state.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 from .errors import CheckpointError
 from .storage import join, resolve, to_json, to_url
@@ -22,15 +22,18 @@ logger = logging.getLogger(__name__)
 METRICS_FILE = "metrics.jsonl"
 
 
-def append_metrics(run_dir_url: Any, record: Dict[str, Any], filesystem: Optional[Any] = None) -> None:
-    """Append one JSON line to the run's ``metrics.jsonl``.
+def append_metrics(run_dir_url: Any, record: Union[Dict[str, Any], List[Dict[str, Any]]],
+                   filesystem: Optional[Any] = None) -> None:
+    """Append one JSON line per record (a dict, or a list of them) to the run's ``metrics.jsonl``.
 
     Raises:
-        CheckpointError: ``record`` is not a dict or holds a value JSON cannot store.
+        CheckpointError: a record is not a dict or holds a value JSON cannot store.
     """
-    if not isinstance(record, dict):
-        raise CheckpointError(f"record={record!r} is not a dict: pass the reported metrics")
-    line = to_json(record, "metrics", error=CheckpointError) + "\n"
+    records = record if isinstance(record, list) else [record]
+    for rec in records:
+        if not isinstance(rec, dict):
+            raise CheckpointError(f"record={rec!r} is not a dict: pass the reported metrics")
+    line = "".join(to_json(rec, "metrics", error=CheckpointError) + "\n" for rec in records)
     fs, run = resolve(run_dir_url, filesystem)
     fs.makedirs(run, exist_ok=True)
     with fs.open(join(run, METRICS_FILE), "ab") as f:

@@ -72,8 +72,12 @@ class WorkerSession:
         self.history = history
         self.reports_this_cell = 0
         self.on_report: Optional[Callable[[Dict[str, Any]], None]] = None
+        #: set by the worker: ``upload(index, checkpoint) -> name`` and ``latest() -> Checkpoint|None``
+        self.upload: Optional[Callable[[int, Any, Dict[str, Any]], None]] = None
+        self.report_name: Optional[Callable[[int], str]] = None
+        self.latest: Optional[Callable[[], Any]] = None
 
-    def report(self, metrics: Dict[str, Any], total: Optional[int] = None) -> None:
+    def report(self, metrics: Dict[str, Any], total: Optional[int] = None, checkpoint: Any = None) -> None:
         if not isinstance(metrics, dict):
             raise TypeError(f"report() takes a dict of metrics, got {type(metrics).__name__}: "
                             "call report({'loss': loss}) ")
@@ -84,6 +88,13 @@ class WorkerSession:
         }
         if total is not None:
             record["total"] = int(total)
+        if self.report_name is not None:
+            record["report"] = self.report_name(self.reports_this_cell)
+        if checkpoint is not None:
+            if self.upload is None:
+                raise RuntimeError("report(checkpoint=...) needs a run directory: this worker has no storage")
+            self.upload(self.reports_this_cell, checkpoint, record["metrics"])
+            record["checkpoint"] = True
         with self._lock:
             self._seq += 1
             record["seq"] = self._seq
@@ -140,21 +151,27 @@ def report(metrics: Dict[str, Any], checkpoint: Any = None, *, total: Optional[i
         checkpoint: a ``Checkpoint`` to save with these metrics.
         total: the total number of steps, for progress bars.
 
-    Raises:
-        NotImplementedError: for ``checkpoint=`` until checkpoints land.
+    With a ``checkpoint`` (``Checkpoint.from_directory(tmpdir)``), this rank's
+    files are uploaded into the run's next checkpoint directory before
+    ``report`` returns; files from several ranks merge into one checkpoint,
+    committed once every rank reported; rank 0's metrics are attached to it.
+    Every rank must call ``report`` the same number of times.
     """
     session = _get_session("report")
-    if checkpoint is not None:
-        raise NotImplementedError(
-            "report(checkpoint=...) is not available yet: report metrics only for now"
-        )
-    session.report(metrics, total=total)
+    session.report(metrics, total=total, checkpoint=checkpoint)
 
 
 def get_checkpoint() -> Any:
-    """The latest committed checkpoint of this run, or ``None`` (none exist yet)."""
-    _get_session("get_checkpoint")
-    return None
+    """The newest committed checkpoint reported in this run, or ``None`` (none exist yet).
+
+    Example:
+        >>> ckpt = raytrain_nb.get_checkpoint()     # doctest: +SKIP
+        >>> if ckpt:
+        ...     with ckpt.as_directory() as d:
+        ...         model.load_state_dict(torch.load(os.path.join(d, "model.pt")))
+    """
+    session = _get_session("get_checkpoint")
+    return session.latest() if session.latest is not None else None
 
 
 def get_dataset_shard(name: str = "train") -> Any:

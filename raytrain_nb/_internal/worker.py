@@ -27,6 +27,7 @@ from .display import WorkerDisplay
 from .errors import RankFailure, failure_from_exception
 from .session import TrainContext, WorkerSession, _set_session
 from .snapshot import fingerprint
+from .worker_ckpt import CheckpointingWorker
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ def _to_cpu(value: Any) -> Any:
     return value
 
 
-class Worker:
+class Worker(CheckpointingWorker):
     """One rank of a :class:`~raytrain_nb.WorkerGroup` (a Ray actor when spawned)."""
 
     def __init__(self, cwd: Optional[str] = None, sys_path: Sequence[str] = (),
@@ -116,6 +117,7 @@ class Worker:
         self.rank = -1
         self._watch_stop = threading.Event()
         self._preloaded = threading.Event()
+        self._init_checkpointing()
         # Import heavy modules (torch) while the driver sets up the rest of the group.
         threading.Thread(target=self._preload, args=(tuple(preload),), name="rtnb-preload", daemon=True).start()
 
@@ -188,6 +190,7 @@ class Worker:
         else:
             self.session.context = ctx
         _set_session(self.session)
+        self._attach_session()
 
     def join(self, context: Dict[str, Any], env: Dict[str, str], master_addr: str, master_port: int,
              src: int = 0, fresh: bool = False, rank_specific: Sequence[str] = ()) -> int:
@@ -263,6 +266,7 @@ class Worker:
         return buf
 
     def _end(self, result: Dict[str, Any]) -> Dict[str, Any]:
+        self._take_requested()  # a snapshot asked for during the cell, which reported no step since
         try:
             self._capture.stop()
         finally:
@@ -277,11 +281,15 @@ class Worker:
                 self._done.set()
         return result
 
-    def run_cell(self, source: str, cell_id: int, show_value: bool = True) -> Dict[str, Any]:
-        """Run cell source in the persistent namespace; return outputs, value and failure."""
-        return self._cells.call(self._run_cell, source, cell_id, show_value)
+    def run_cell(self, source: str, cell_id: int, show_value: bool = True, report_base: int = 0) -> Dict[str, Any]:
+        """Run cell source in the persistent namespace; return outputs, value and failure.
 
-    def _run_cell(self, source: str, cell_id: int, show_value: bool) -> Dict[str, Any]:
+        ``report_base`` numbers the checkpoints this cell reports (``checkpoint_<base + i>``).
+        """
+        return self._cells.call(self._run_cell, source, cell_id, show_value, report_base)
+
+    def _run_cell(self, source: str, cell_id: int, show_value: bool, report_base: int = 0) -> Dict[str, Any]:
+        self._report_base = report_base
         filename = f"<cell-{cell_id}>"
         self._begin(filename)
         result: Dict[str, Any] = {"rank": self.rank, "failure": None, "value": None}
@@ -308,11 +316,14 @@ class Worker:
             self._end(result)
         return result
 
-    def execute(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    def execute(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, Any],
+                report_base: int = 0) -> Dict[str, Any]:
         """Call ``fn(*args, **kwargs)`` on the cell thread; return its value or failure."""
-        return self._cells.call(self._execute, fn, args, kwargs)
+        return self._cells.call(self._execute, fn, args, kwargs, report_base)
 
-    def _execute(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    def _execute(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, Any],
+                 report_base: int = 0) -> Dict[str, Any]:
+        self._report_base = report_base
         self._begin(getattr(fn, "__name__", "function"))
         result: Dict[str, Any] = {"rank": self.rank, "failure": None, "value": None}
         started = time.perf_counter()
@@ -394,7 +405,8 @@ class Worker:
         return {"rank": self.rank, "state": "stuck", "stack": self.stack()}
 
 
-CONTROL_METHODS = ("ping", "poll", "release", "stack", "interrupt")
+CONTROL_METHODS = ("ping", "poll", "release", "stack", "interrupt", "request_snapshot", "cancel_snapshot",
+                   "snapshot_wait")
 for _name in CONTROL_METHODS:  # what ray.method(concurrency_group="control") sets
     getattr(Worker, _name).__ray_concurrency_group__ = "control"
 Worker.watch.__ray_concurrency_group__ = "monitor"
@@ -408,5 +420,5 @@ def remote_worker_class() -> Any:
     if _REMOTE is None:
         import ray
 
-        _REMOTE = ray.remote(concurrency_groups={"control": 3, "monitor": 1})(Worker)
+        _REMOTE = ray.remote(concurrency_groups={"control": 4, "monitor": 1})(Worker)
     return _REMOTE

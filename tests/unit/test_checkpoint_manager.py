@@ -392,8 +392,8 @@ def test_metrics_log(run_url):
 
 
 def test_metrics_log_errors(run_url):
-    with pytest.raises(CheckpointError, match=r"^record=\[1\] is not a dict: pass the reported metrics$"):
-        append_metrics(run_url, [1])
+    with pytest.raises(CheckpointError, match=r"^record=7 is not a dict: pass the reported metrics$"):
+        append_metrics(run_url, 7)
     with pytest.raises(CheckpointError, match=r"^metrics\['t'\] cannot be stored as JSON"):
         append_metrics(run_url, {"t": object()})
     assert read_metrics(run_url) == []
