@@ -179,11 +179,10 @@ def checkpoint(group: "WorkerGroup", name: Optional[str], var_names: Sequence[st
             ray.get([a.request_snapshot.remote(staged, list(var_names)) for a in actors])
             waits = [a.snapshot_wait.remote(timeout_s) for a in actors]
             ready, _ = ray.wait(waits, num_returns=len(waits), timeout=timeout_s + 5)
-            if len(ready) < len(waits):
+            if len(ready) < len(waits) or any(r.get("timeout") for r in group._get(ready, 30, "snapshot")):
                 ray.get([a.cancel_snapshot.remote() for a in actors])
                 raise CheckpointError(f"no report() came on every rank within {timeout_s:g} s while the cell "
                                       "ran, so no consistent snapshot could be taken: try again between cells")
-            group._get(waits, 30, "snapshot")
         else:
             group._check_usable()
             group._get([a.snapshot.remote(staged, list(var_names), not blocking) for a in actors], 600,
@@ -213,10 +212,16 @@ def _finish_background(group: "WorkerGroup", staged: Any, waits: List[Any]) -> N
         ray.get(waits)
         run.manager.commit(staged, "snapshot", _metrics_of(group))
     except Exception as exc:  # noqa: BLE001 - reported in the next cell
+        from .monitor import death_cause
+
         discard_dir(staged)
-        cause = getattr(exc, "cause", None) or exc
-        run.background_error = f"{staged.name}: {type(cause).__name__}: {cause}"
-        logger.warning("background checkpoint %s failed: %s", staged.name, cause)
+        if isinstance(exc, ray.exceptions.RayActorError):
+            why = f"a worker died while writing it ({death_cause(exc)})"
+        else:
+            cause = getattr(exc, "cause", None) or exc
+            why = f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+        run.background_error = f"{staged.name}: {why}"
+        logger.warning("background checkpoint %s failed: %s", staged.name, why)
 
 
 def wait_background(group: "WorkerGroup") -> None:

@@ -164,6 +164,8 @@ class WorkerGroup:
         self._cell_seq = 0
         self.latest_metrics: Dict[int, Dict[str, Any]] = {}
         self.metrics_history: Dict[int, Deque[Dict[str, Any]]] = {}
+        self.storage_path = storage_path
+        self.num_spares = spares
         self.run_storage = RunStorage(storage_path, self.name, num_to_keep, checkpoint_score_attribute,
                                       checkpoint_score_order)
         cluster.connect(address)

@@ -81,6 +81,7 @@ def replace_ranks(group: "WorkerGroup", ranks: List[int]) -> None:
 
 def restart(group: "WorkerGroup") -> List[int]:
     group._check_not_running()
+    group.status()  # ping every worker: a death Ray knows of but the monitor has not seen yet counts
     dead = [r for r, s in enumerate(group._slots) if s.state in _GONE]
     if not dead:
         raise GroupError("no dead worker to restart: every rank is alive (%dist_status shows them)")

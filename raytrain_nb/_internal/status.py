@@ -23,3 +23,38 @@ def format_status(rows: Sequence[Any]) -> str:
     widths = [max(len(row[i]) for row in table) for i in range(len(header) - 1)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths)) + "  " + row[-1] for row in table]
     return "\n".join(line.rstrip() for line in lines)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def format_checkpoints(entries: Sequence[Any]) -> str:
+    """A table of a run's checkpoints: name, kind, time, step, metrics, size."""
+    import time as _time
+
+    if not entries:
+        return "no checkpoints yet: %dist_checkpoint takes a snapshot"
+    header = ("name", "kind", "time", "step", "size", "metrics")
+    rows = [header] + [
+        (e.name, e.kind, _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(e.time)),
+         "" if e.step is None else str(e.step), _size(e.size_bytes or 0), _metrics(e.metrics or {}))
+        for e in entries
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
+    return "\n".join(("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1]).rstrip() for r in rows)
+
+
+def format_history(records: Sequence[Any]) -> str:
+    """The cells that ran without error: id, setup or training, first line."""
+    if not records:
+        return "no cells ran on the whole group yet"
+    lines = ["cell  kind      reports  first line"]
+    for r in records:
+        first = next((l for l in r.source.splitlines() if l.strip()), "")[:70]
+        lines.append(f"{r.cell_id:<4}  {'setup' if r.setup else 'training':<8}  {r.reports:<7}  {first}")
+    return "\n".join(lines)

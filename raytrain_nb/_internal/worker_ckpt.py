@@ -127,7 +127,10 @@ class CheckpointingWorker:
             fut = self._snap_future
         if fut is None:
             raise RuntimeError("no snapshot was asked of this worker")
-        return fut.result(timeout)
+        try:
+            return fut.result(timeout)
+        except concurrent.futures.TimeoutError:
+            return {"rank": self.rank, "timeout": True}
 
     def rollback(self, url: str, allow_pickle: bool = False) -> Dict[str, Any]:
         """Load a snapshot into this rank's namespace, in place."""

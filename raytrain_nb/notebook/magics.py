@@ -19,7 +19,8 @@ from .._internal.status import format_status
 from .sink import NotebookSink
 
 _SHAPING = (("workers", "num_workers"), ("cpus", "cpus_per_worker"), ("gpus", "gpus_per_worker"),
-            ("backend", "backend"), ("address", "address"))
+            ("backend", "backend"), ("address", "address"), ("spares", "spares"), ("storage", "storage_path"),
+            ("name", "name"))
 
 
 def _ranks(text: Optional[str]) -> Optional[List[int]]:
@@ -55,6 +56,15 @@ class DistributedMagics(Magics):
     @argument("--output", choices=["rank0", "all", "none"], default="rank0",
               help="whose output to show: rank0 (default), all (labelled), none")
     @argument("--push", default=None, help="notebook variables to send first, e.g. a,b")
+    @argument("--storage", default=None, help="where runs are kept, any fsspec URL (first cell; default "
+              "RAYTRAIN_NB_STORAGE_PATH or ~/raytrain_nb_results)")
+    @argument("--name", default=None, help="the run's name (first cell; default run-<date>-<time>)")
+    @argument("--spares", type=int, default=None, help="standby workers that replace a dead rank fast (first cell)")
+    @argument("--setup", action="store_true", help="mark this cell as setup: a new rank replays it")
+    @argument("--on-failure", dest="on_failure", choices=["raise", "restart", "rescale"], default="raise",
+              help="when a worker dies: raise (default), or restart/rescale and run the cell again")
+    @argument("--max-failures", dest="max_failures", type=int, default=1,
+              help="how often --on-failure may recover in this cell (default 1; -1: no limit)")
     @cell_magic
     def distributed(self, line: str, cell: str) -> Any:
         """Run the cell on every worker of the distributed group.
@@ -81,7 +91,9 @@ class DistributedMagics(Magics):
             self._push([n.strip() for n in args.push.split(",") if n.strip()], group)
         sink = NotebookSink()
         try:
-            group.run(cell, ranks=_ranks(args.ranks), output=args.output, sink=sink)
+            group.run(cell, ranks=_ranks(args.ranks), output=args.output, sink=sink,
+                      setup=True if args.setup else None, on_failure=args.on_failure,
+                      max_failures=args.max_failures)
         except GroupError as exc:
             raise UsageError(str(exc)) from None
         return sink.result()
@@ -92,7 +104,8 @@ class DistributedMagics(Magics):
         if group is not None and group.state is not GroupState.SHUTDOWN:
             live = {"num_workers": group.num_workers, "cpus_per_worker": group.config.cpus_per_worker,
                     "gpus_per_worker": group.config.gpus_per_worker, "backend": group.backend,
-                    "address": group.address}
+                    "address": group.address, "spares": group.num_spares,
+                    "storage_path": group.storage_path, "name": group.name}
             diff = [f"--{flag} {given[attr]!r} (the group has {live[attr]!r})" for flag, attr in _SHAPING
                     if attr in given and given[attr] != live[attr]]
             if diff:
@@ -108,7 +121,7 @@ class DistributedMagics(Magics):
         except GroupError as exc:
             raise UsageError(str(exc)) from None
         print(f"raytrain_nb: {group.num_workers} workers ready ({group.backend}) in "
-              f"{time.perf_counter() - started:.1f} s; run name {group.name}")
+              f"{time.perf_counter() - started:.1f} s; run {group.name} in {group.run_storage.url}")
         return group
 
     # -- line magics -------------------------------------------------------------------------
@@ -204,7 +217,10 @@ class DistributedMagics(Magics):
 
 
 def load_ipython_extension(ipython: Any) -> None:
+    from .magics_state import StateMagics
+
     ipython.register_magics(DistributedMagics)
+    ipython.register_magics(StateMagics)
 
 
 def unload_ipython_extension(ipython: Any) -> None:

@@ -1,0 +1,259 @@
+"""Snapshots, rollback and reported checkpoints on a real group."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+
+from raytrain_nb import WorkerGroup
+from raytrain_nb._internal.errors import CheckpointError, GroupError, StorageError, WorkerError
+from raytrain_nb._internal.output import CollectSink
+from raytrain_nb._internal.snapshot import SnapshotError
+
+SETUP = """
+import os, tempfile, torch, raytrain_nb as train
+from raytrain_nb.torch import prepare_model
+torch.manual_seed(0)
+rank = train.get_context().get_world_rank()
+model = prepare_model(torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+step = 0
+"""
+TRAIN = """
+for _ in range({n}):
+    loss = model(torch.randn(16, 10)).pow(2).mean()   # torch RNG: restored by rollback too
+    opt.zero_grad(); loss.backward(); opt.step(); sched.step()
+    step += 1
+"""
+STATE = ("([p.detach().clone() for p in model.parameters()], "
+         "[s['momentum_buffer'].clone() for s in opt.state.values()], sched.last_epoch)")
+
+
+def quiet(g, src, **kw):
+    return g.run(src, sink=CollectSink(), **kw)
+
+
+def state_by_rank(g):
+    g.run(f"_state = {STATE}", sink=CollectSink())
+    return g.pull("_state", rank=None)
+
+
+def same(a, b):
+    pa, ma, ea = a
+    pb, mb, eb = b
+    return ea == eb and all(torch.equal(x, y) for x, y in zip(pa + ma, pb + mb))
+
+
+@pytest.fixture(scope="module")
+def g(ray_session, tmp_path_factory):
+    group = WorkerGroup(2, storage_path=str(tmp_path_factory.mktemp("runs")), name="ckpt-run",
+                        num_to_keep=2, checkpoint_score_attribute="acc")
+    quiet(group, SETUP)
+    quiet(group, TRAIN.format(n=4))
+    yield group
+    group.shutdown()
+
+
+def test_round_trip_restores_parameters_and_optimizer_state_in_place(g):
+    before = state_by_rank(g)
+    entry = g.checkpoint(name="round-trip", vars=["step"])
+    assert entry.kind == "snapshot" and entry.size_bytes > 0
+    ids = g.run("(id(model), id(opt), id(sched))", output="all", sink=CollectSink()).values
+    quiet(g, TRAIN.format(n=3))
+    after_a = state_by_rank(g)
+    assert not same(after_a[0], before[0])
+    result = g.rollback("round-trip")
+    assert set(result.restored) >= {"model", "opt", "sched", "step"}
+    rolled = state_by_rank(g)
+    assert all(same(r, b) for r, b in zip(rolled, before)), "rollback did not restore params+momentum"
+    assert g.run("(id(model), id(opt), id(sched))", output="all", sink=CollectSink()).values == ids
+    assert g.pull("step") == 4
+    quiet(g, TRAIN.format(n=3))  # same RNG, same data: training matches the run that never diverged
+    again = state_by_rank(g)
+    assert all(same(x, y) for x, y in zip(again, after_a))
+
+
+def test_rollback_lists_plain_variables_that_changed(g):
+    g.checkpoint(name="vars-check")
+    quiet(g, "step += 10\nnote = 'new'")
+    result = g.rollback("vars-check")
+    assert result.changed == ["note", "step"] and "step" in str(result)
+    quiet(g, "del note")
+
+
+def test_async_save_writes_the_state_at_the_call(g):
+    before = state_by_rank(g)
+    assert g.checkpoint(name="async-one", blocking=False) is None
+    quiet(g, TRAIN.format(n=5))  # trains while the snapshot is written
+    assert "async-one" in [e.name for e in g.checkpoints()]
+    g.rollback("async-one")
+    assert all(same(r, b) for r, b in zip(state_by_rank(g), before))
+
+
+def test_snapshot_mid_cell_is_taken_at_a_report(g):
+    box = {}
+    started = threading.Event()
+
+    class Sink(CollectSink):
+        def stream(self, rank, name, text, label):
+            super().stream(rank, name, text, label)
+            started.set()
+
+    def take():
+        started.wait(60)
+        box["entry"] = g.checkpoint(name="mid-cell", vars=["step"], timeout_s=30)
+
+    t = threading.Thread(target=take)
+    t.start()
+    g.run("import time\nprint('go', flush=True)\nfor _ in range(40):\n    time.sleep(0.05)\n"
+          "    step += 1\n    train.report({'step': step})", sink=Sink())
+    t.join(60)
+    saved_step = box["entry"].metrics.get("step") if box["entry"].metrics else None
+    quiet(g, "step = -1")
+    g.rollback("mid-cell")
+    restored = g.pull("step", rank=None)
+    assert restored[0] == restored[1] and 0 < restored[0] <= 1000
+    assert saved_step is None or saved_step >= restored[0] - 1
+
+
+def test_snapshot_mid_cell_without_report_fails_with_the_reason(g):
+    errors = []
+    started = threading.Event()
+
+    class Sink(CollectSink):
+        def stream(self, rank, name, text, label):
+            super().stream(rank, name, text, label)
+            started.set()
+
+    def take():
+        started.wait(60)
+        try:
+            g.checkpoint(name="never", timeout_s=1)
+        except CheckpointError as exc:
+            errors.append(str(exc))
+
+    t = threading.Thread(target=take)
+    t.start()
+    g.run("import time\nprint('go', flush=True)\ntime.sleep(4)", sink=Sink())
+    t.join(30)
+    assert errors and "no report() came on every rank within 1 s" in errors[0]
+    assert "never" not in [e.name for e in g.checkpoints()]
+
+
+def test_reported_checkpoints_ranked_pruned_and_snapshots_kept(g):
+    snapshots = [e.name for e in g.checkpoints("snapshot")]
+    quiet(g, """
+for acc in [0.5, 0.9, 0.1, 0.7]:
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, f"rank{rank}.txt"), "w") as f:
+            f.write(str(acc))
+        train.report({"acc": acc, "step": step}, checkpoint=train.Checkpoint.from_directory(d))
+""")
+    reported = g.checkpoints("reported")
+    assert [e.metrics["acc"] for e in reported] == [0.9, 0.7]  # best by acc, and the latest
+    assert [e.name for e in g.checkpoints("snapshot")] == snapshots
+    files = sorted(os.listdir(reported[-1].path))
+    assert "rank0.txt" in files and "rank1.txt" in files  # files of every rank merge
+    latest = g.run("ck = train.get_checkpoint(); open(os.path.join(ck.path, 'rank1.txt')).read()",
+                   sink=CollectSink()).value
+    assert latest == "'0.7'"
+    from raytrain_nb._internal.metrics_log import read_metrics
+
+    assert [m["acc"] for m in read_metrics(g.run_storage.url) if "acc" in m][-4:] == [0.5, 0.9, 0.1, 0.7]
+
+
+def test_listing_and_rolling_back_from_a_new_group(g, tmp_path):
+    g.checkpoint(name="for-new-group")
+    saved = state_by_rank(g)[0]
+    other = WorkerGroup(1, storage_path=g.storage_path, name="second-run", activate=False)
+    try:
+        quiet(other, SETUP)
+        from raytrain_nb._internal.checkpoint_manager import CheckpointManager
+
+        names = [e.name for e in CheckpointManager.load(os.path.join(g.storage_path, "ckpt-run")).list()]
+        assert "for-new-group" in names
+        other.rollback("for-new-group", run="ckpt-run")
+        assert same(state_by_rank(other)[0], saved)
+    finally:
+        other.shutdown()
+
+
+def test_bad_rollbacks_say_what_is_wrong(g):
+    with pytest.raises(CheckpointError, match=r"no checkpoint named 'nope'.*round-trip"):
+        g.rollback("nope")
+    reported = g.checkpoints("reported")[-1].name
+    with pytest.raises(CheckpointError, match="is a reported checkpoint"):
+        g.rollback(reported)
+    entry = g.checkpoint(name="to-damage")
+    with open(os.path.join(entry.path, "replicated.pt"), "r+b") as f:
+        f.truncate(100)
+    before = state_by_rank(g)
+    with pytest.raises(GroupError, match=r"replicated.pt"):
+        g.rollback("to-damage")
+    assert all(same(a, b) for a, b in zip(state_by_rank(g), before)), "a damaged file was half-loaded"
+    g.checkpoint(name="lost-object")
+    quiet(g, "sched2 = sched\ndel sched")
+    with pytest.raises(GroupError, match=r"sched \(scheduler\) no longer exist"):
+        g.rollback("lost-object")
+    quiet(g, "sched = sched2\ndel sched2")
+
+
+def test_optimizer_of_an_unnamed_model_is_refused(g):
+    quiet(g, "orphan = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)")
+    with pytest.raises(GroupError, match=r"optimizer 'orphan' optimizes parameters of no model"):
+        g.checkpoint(name="orphaned")
+    quiet(g, "del orphan")
+    assert "orphaned" not in [e.name for e in g.checkpoints()]
+
+
+def test_storage_errors_are_one_line(ray_session, tmp_path):
+    with pytest.raises(StorageError, match=r"memory:///runs cannot be a worker group's storage: .*one process"):
+        WorkerGroup(1, storage_path="memory://runs", activate=False)
+    with pytest.raises(StorageError, match=r"nosuchproto"):
+        WorkerGroup(1, storage_path="nosuchproto://bucket/runs", activate=False)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(StorageError, match=r"cannot create the run directory .*a-file/r1: .*writable --storage"):
+        WorkerGroup(1, storage_path=str(blocker), name="r1", activate=False)
+
+
+def test_worker_killed_while_writing_leaves_previous_snapshot_loadable(ray_session, tmp_path):
+    group = WorkerGroup(2, storage_path=str(tmp_path), name="kill-run")
+    try:
+        quiet(group, SETUP)
+        good = group.checkpoint(name="good")
+        saved = state_by_rank(group)
+
+        def slow_write(taken, staged):
+            import time as _t
+
+            with staged.open("replicated.pt") as fh:
+                fh.write(b"partial")
+                fh.flush()
+                _t.sleep(600)
+
+        group.execute(lambda: setattr(__import__("raytrain_nb._internal.ckpt_worker", fromlist=["x"]),
+                                      "write", slow_write), ranks=[0])
+        group.checkpoint(name="partial", blocking=False)
+        staging = tmp_path / "kill-run" / ".staging"
+        while not any((p / "replicated.pt").exists() for p in staging.glob("partial-*")):
+            time.sleep(0.01)
+        os.kill(group.status()[0].pid, signal.SIGKILL)
+        assert [e.name for e in group.checkpoints()] == ["good"]  # waits for the background write
+        assert not list(staging.glob("partial-*")), "the partial snapshot was left behind"
+        while group.status()[0].state != "dead":
+            pass
+        group.restart()
+        sink = CollectSink()
+        group.run(TRAIN.format(n=2), sink=sink)
+        assert any("background checkpoint failed" in n and "partial: a worker died while writing it" in n
+                   for n in sink.notices)
+        group.rollback("good")
+        assert all(same(a, b) for a, b in zip(state_by_rank(group), saved))
+    finally:
+        group.shutdown()
