@@ -160,6 +160,7 @@ class WorkerGroup:
         self._pgs: List[Any] = []
         self.history: List[CellRecord] = []
         self._max_report_index = -1
+        self.background: Optional[Any] = None  # the latest BackgroundRun
         self.rank_specific: set = {"rank", "local_rank", "world_rank", "ctx"}  # plain names that differ by rank
         self._cell_seq = 0
         self.latest_metrics: Dict[int, Dict[str, Any]] = {}
@@ -223,6 +224,9 @@ class WorkerGroup:
         if self.state is GroupState.SHUTDOWN:
             raise GroupError("this group was shut down: start a new one (a new %%distributed cell)")
         if self.state is GroupState.RUNNING:
+            if self.background is not None and not self.background.done():
+                raise GroupError("a background cell is running: %dist_wait waits for it, %dist_interrupt stops it "
+                                 "(%dist_status, %dist_checkpoint, %dist_pull and %dist_interrupt work meanwhile)")
             raise GroupError("the group is running a cell: wait for it, or interrupt it")
 
     def _check_usable(self) -> None:
@@ -366,7 +370,7 @@ class WorkerGroup:
 
     def run(self, source: str, ranks: Optional[Sequence[int]] = None, *, output: str = "rank0",
             sink: Optional[OutputSink] = None, setup: Optional[bool] = None, on_failure: str = "raise",
-            max_failures: int = 1) -> CellResult:
+            max_failures: int = 1, background: bool = False) -> Any:
         """Run cell source in each worker's persistent namespace (IPython semantics).
 
         Output streams to ``sink`` while the cell runs; the value of a trailing
@@ -382,6 +386,8 @@ class WorkerGroup:
             on_failure: when a worker dies: ``raise`` (default), ``restart`` (replace it,
                 state from a live peer) or ``rescale`` (continue with the survivors); then
                 the cell runs again, at most ``max_failures`` times (-1: no limit).
+            background: return at once a :class:`BackgroundRun` (``.wait()`` for the result);
+                output keeps going to ``sink``; status, checkpoint, interrupt and pull work meanwhile.
 
         Returns:
             A :class:`CellResult`.
@@ -396,6 +402,14 @@ class WorkerGroup:
         if on_failure not in ON_FAILURE:
             raise GroupError(f"on_failure={on_failure!r} is unknown: use raise, restart or rescale")
         sink = sink or TextSink()
+        if background:
+            from .background import BackgroundRun
+
+            self._check_usable()
+            self.background = BackgroundRun(self, lambda: self.run(
+                source, ranks, output=output, sink=sink, setup=setup, on_failure=on_failure,
+                max_failures=max_failures))
+            return self.background
         attempt = 0
         while True:
             try:
@@ -558,7 +572,8 @@ class WorkerGroup:
         """
         import ray
 
-        self._check_usable()
+        if self.state is GroupState.SHUTDOWN:
+            self._check_not_running()
         targets = self._targets(None if rank is None else [rank])
         try:
             values = ray.get([self._slots[r].actor.pull.remote(name) for r in targets], timeout=300)

@@ -406,7 +406,7 @@ class Worker(CheckpointingWorker):
 
 
 CONTROL_METHODS = ("ping", "poll", "release", "stack", "interrupt", "request_snapshot", "cancel_snapshot",
-                   "snapshot_wait")
+                   "snapshot_wait", "pull")  # pull: reading a value works while a cell runs
 for _name in CONTROL_METHODS:  # what ray.method(concurrency_group="control") sets
     getattr(Worker, _name).__ray_concurrency_group__ = "control"
 Worker.watch.__ray_concurrency_group__ = "monitor"
