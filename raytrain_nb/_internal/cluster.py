@@ -21,7 +21,9 @@ _MIN_OBJECT_STORE = 80 * 1024 * 1024
 _MAX_OBJECT_STORE = 2 * 1024 ** 3
 
 _started_by_us = False
+_shipped_working_dir = False
 _lock = threading.Lock()
+_EXCLUDES = [".git", ".venv", "venv", "__pycache__", ".ipynb_checkpoints", "*.pt", "*.ckpt", "*.tar", "*.zip"]
 
 
 def _memory_limit() -> int:
@@ -97,7 +99,7 @@ def connect(address: Optional[str] = None) -> None:
     Raises:
         GroupError: connected elsewhere already, or Ray could not start.
     """
-    global _started_by_us
+    global _started_by_us, _shipped_working_dir
     import ray
 
     # Ray says on every start that token authentication is on; it stays on, the notice goes.
@@ -112,7 +114,7 @@ def connect(address: Optional[str] = None) -> None:
         for attempt in range(1, _STARTUP_ATTEMPTS + 1):
             try:
                 if address:
-                    ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+                    _shipped_working_dir = _init_remote(ray, address)
                 else:
                     ray.init(**local_init_kwargs())
                     _started_by_us = True
@@ -138,14 +140,32 @@ def connect(address: Optional[str] = None) -> None:
             raise GroupError(f"could not connect to {where}: {last}") from last
 
 
+def _init_remote(ray: Any, address: str) -> bool:
+    """Connect to an existing cluster; ship the notebook's folder to its workers (Ray's runtime_env).
+
+    Returns whether the folder was shipped (too large or disabled: workers must share the filesystem).
+    """
+    common = dict(address=address, log_to_driver=False, logging_level=logging.WARNING)
+    if os.environ.get("RAYTRAIN_NB_WORKING_DIR", "1") != "0":
+        try:
+            ray.init(runtime_env={"working_dir": os.getcwd(), "excludes": _EXCLUDES}, **common)
+            return True
+        except Exception as exc:  # noqa: BLE001 - e.g. the folder is over Ray's upload limit
+            if "timed out" in str(exc).lower():
+                raise
+            logger.warning("the notebook's folder was not shipped to the workers (%s); modules in it are "
+                           "importable on workers only through a shared filesystem", str(exc).splitlines()[0])
+            ray.shutdown()
+    ray.init(**common)
+    return False
+
+
+def shipped_working_dir() -> bool:
+    """Whether workers run in a copy of the notebook's folder (a remote cluster)."""
+    return _shipped_working_dir
+
+
 def driver_node_id() -> str:
     import ray
 
     return ray.get_runtime_context().get_node_id()
-
-
-def is_multinode() -> bool:
-    """Whether the cluster has more than one live node."""
-    import ray
-
-    return sum(1 for n in ray.nodes() if n.get("Alive")) > 1

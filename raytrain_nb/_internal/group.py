@@ -288,12 +288,11 @@ class WorkerGroup:
             max_restarts=0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle),
         )
-        cwd = os.getcwd()
-        if cluster.is_multinode():
-            opts["runtime_env"] = {"working_dir": cwd, "excludes": [".git", ".venv", ".ipynb_checkpoints"]}
-            cwd = None
+        shipped = cluster.shipped_working_dir()  # then Ray runs workers in a copy of the folder
+        cwd = None if shipped else os.getcwd()
         preload = ("torch", "torch.distributed") if self.backend != "none" else ()
-        actor = remote_worker_class().options(**opts).remote(cwd=cwd, sys_path=[os.getcwd()], preload=preload)
+        actor = remote_worker_class().options(**opts).remote(cwd=cwd, sys_path=[] if shipped else [os.getcwd()],
+                                                             preload=preload)
         return _Slot(actor=actor, pg=pg, bundle=bundle, info={})
 
     def _describe(self, slots: List[_Slot]) -> None:
@@ -589,19 +588,24 @@ class WorkerGroup:
 
     # -- looking and controlling ---------------------------------------------------------
 
-    def status(self) -> List[WorkerStatus]:
-        """One :class:`WorkerStatus` per rank; dead workers show as ``dead``."""
+    def status(self, ping: bool = True) -> List[WorkerStatus]:
+        """One :class:`WorkerStatus` per rank; dead workers show as ``dead``.
+
+        Args:
+            ping: ask every live worker first (up to 3 s), so a death Ray knows of counts;
+                ``False`` answers at once from what the group already knows (observers, the dashboard).
+        """
         import ray
 
-        live = [s for s in self._slots if s.state not in ("dead", "unresponsive")]
+        live = [s for s in self._slots if ping and s.state not in ("dead", "unresponsive")]
         refs = {s.actor.ping.remote(): s for s in live}
-        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=3.0)
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=3.0) if refs else ([], [])
         for ref in ready:
             try:
                 ray.get(ref)
             except ray.exceptions.RayActorError as exc:
                 refs[ref].state, refs[ref].error = "dead", _first_line(exc)
-        if any(s.state == "dead" for s in self._slots) and self.state is GroupState.IDLE:
+        if ping and any(s.state == "dead" for s in self._slots) and self.state is GroupState.IDLE:
             self._set_state(GroupState.FAILED)
         return [
             WorkerStatus(rank=i, node=s.info.get("node_ip", "?"), pid=s.info.get("pid", 0), device=s.device,
@@ -621,6 +625,18 @@ class WorkerGroup:
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
                 out.append({"state": "unreachable", "error": _first_line(exc)})
         return out
+
+    def dashboard(self, **options: Any) -> Any:
+        """This group's live dashboard (one per group): per-rank progress, a metrics plot, the
+        checkpoint list and the recovery buttons. Shown when it is a cell's value.
+
+        The widgets live in the notebook layer, imported here only when asked for, so the core
+        never needs IPython or ipywidgets. ``options`` go to the dashboard the first time
+        (e.g. ``plot_interval_s``).
+        """
+        from ..notebook.widgets import dashboard_for
+
+        return dashboard_for(self, **options)
 
     def replace(self, ranks: Sequence[int]) -> None:
         """Replace the workers of ``ranks`` with fresh ones that get a live peer's state."""

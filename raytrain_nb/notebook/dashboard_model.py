@@ -1,0 +1,311 @@
+"""What the dashboard shows, as plain data (no widgets): rows, progress, rates, metric series, button rules.
+
+The widget layer (:mod:`.widgets`) and the text fallback (:mod:`.textui`) both render this model,
+so its rules are tested without a front end.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import threading
+import time
+from typing import Any, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
+
+#: Badge colours by worker state: a glance tells idle (green), running (blue), failed (orange), dead (red).
+STATE_COLOURS = {
+    "starting": "#6c757d",
+    "idle": "#2e7d32",
+    "running": "#1565c0",
+    "failed": "#e67e22",
+    "dead": "#c62828",
+    "unresponsive": "#c62828",
+    "recovering": "#6f42c1",
+    "shut down": "#6c757d",
+}
+GONE = ("dead", "unresponsive")
+RATE_WINDOW_S = 5.0
+STEP_KEYS = ("step", "training_iteration")
+
+
+def _number(value: Any) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def format_metrics(metrics: Dict[str, Any], limit: int = 80) -> str:
+    """``loss=0.1234 acc=0.91`` (the step is shown by the progress column), cut to ``limit``."""
+    parts = []
+    for key, value in metrics.items():
+        if key in STEP_KEYS:
+            continue
+        parts.append(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}")
+    text = " ".join(parts)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@dataclasses.dataclass
+class RankView:
+    """One row: who the worker is, its state, and its progress in the current cell."""
+
+    rank: int
+    node: str = "?"
+    pid: int = 0
+    device: str = "?"
+    state: str = "starting"
+    error: str = ""
+    step: Optional[float] = None
+    total: Optional[int] = None
+    reports: int = 0
+    rate: Optional[float] = None
+    metrics: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    last_time: float = 0.0
+    _window: Deque[Tuple[float, float]] = dataclasses.field(default_factory=collections.deque, repr=False)
+
+    @property
+    def done(self) -> float:
+        """Steps finished in this cell: a reported ``step`` is the 0-based index of the step just done."""
+        if self.step is not None:
+            return self.step + 1
+        return float(self.reports)
+
+    def progress(self) -> Tuple[int, int, str]:
+        """``(value, max, text)`` for a progress bar; without a total the bar is full and says so."""
+        done = int(self.done)
+        if self.total:
+            value = max(0, min(done, self.total))
+            return value, self.total, f"{value}/{self.total}"
+        if self.reports == 0:
+            return 0, 1, ""
+        return 1, 1, f"step {done}" if self.step is not None else f"{done} reports"
+
+    def rate_text(self) -> str:
+        return "" if self.rate is None else f"{self.rate:.3g} steps/s"
+
+    def add(self, record: Dict[str, Any], total: Optional[int]) -> None:
+        metrics = record.get("metrics", {})
+        self.metrics = dict(metrics)
+        self.reports += 1
+        step = next((_number(metrics[k]) for k in STEP_KEYS if k in metrics), None)
+        self.step = step if step is not None else None
+        if record.get("total") is not None:
+            self.total = int(record["total"])
+        elif self.total is None and total:
+            self.total = total
+        t = float(record.get("time", time.time()))
+        self.last_time = t
+        self._window.append((t, self.done))
+        while len(self._window) > 2 and t - self._window[0][0] > RATE_WINDOW_S:
+            self._window.popleft()
+        (t0, d0), (t1, d1) = self._window[0], self._window[-1]
+        self.rate = (d1 - d0) / (t1 - t0) if t1 > t0 and d1 >= d0 else self.rate
+
+    def new_cell(self, total: Optional[int]) -> None:
+        self.step, self.total, self.reports, self.rate = None, total, 0, None
+        self._window.clear()
+
+
+class Series:
+    """A rank's metrics over steps, capped at ``max_points`` (older halves are thinned, never dropped)."""
+
+    def __init__(self, max_points: int) -> None:
+        self.max_points = max_points
+        self.points: List[Tuple[float, Dict[str, float]]] = []
+        self._offset = 0.0  # steps restart at 0 in a new cell: keep x increasing across cells
+        self._last_x: Optional[float] = None
+        self._cell_start = True
+        self.count = 0  # reports seen: the x of reports without a step
+
+    def new_cell(self) -> None:
+        self._cell_start = True
+
+    def add(self, record: Dict[str, Any]) -> None:
+        metrics = record.get("metrics", {})
+        values = {k: v for k, v in ((k, _number(v)) for k, v in metrics.items() if k not in STEP_KEYS)
+                  if v is not None}
+        raw = next((_number(metrics[k]) for k in STEP_KEYS if k in metrics), None)
+        x = float(self.count) if raw is None else raw
+        self.count += 1
+        if self._cell_start and self._last_x is not None and x + self._offset <= self._last_x:
+            self._offset = self._last_x + 1 - x
+        self._cell_start = False
+        x += self._offset
+        self._last_x = x
+        if values:
+            self.points.append((x, values))
+        if len(self.points) > self.max_points:
+            half = len(self.points) // 2
+            self.points = self.points[:half:2] + self.points[half:]
+
+
+@dataclasses.dataclass
+class Line:
+    label: str
+    xs: List[float]
+    ys: List[float]
+
+
+class DashboardModel:
+    """Everything the dashboard shows, updated from the group's observers (thread-safe)."""
+
+    def __init__(self, max_points: int = 4000, plot_points: int = 800) -> None:
+        self.lock = threading.RLock()
+        self.rows: Dict[int, RankView] = {}
+        self.series: Dict[int, Series] = {}
+        self.metric_keys: List[str] = []
+        self.max_points = max_points
+        self.plot_points = plot_points
+        self.pending_total: Optional[int] = None
+        self.cell_total: Optional[int] = None
+        self.version = 0  # bumped on every new point (the plot re-renders when it changed)
+
+    def expect_steps(self, total: Optional[int]) -> None:
+        """The total for the next cell's progress bars (``--steps N``), unless ``report(total=)`` says."""
+        with self.lock:
+            self.pending_total = total
+
+    def begin_cell(self) -> None:
+        with self.lock:
+            self.cell_total, self.pending_total = self.pending_total, None
+            for row in self.rows.values():
+                row.new_cell(self.cell_total)
+            for series in self.series.values():
+                series.new_cell()
+
+    def set_workers(self, statuses: Sequence[Any]) -> None:
+        """Take rank, node, pid, device, state and error from :class:`WorkerStatus` rows."""
+        with self.lock:
+            ranks = set()
+            for st in statuses:
+                row = self.rows.get(st.rank)
+                if row is None or (row.pid and st.pid and row.pid != st.pid):  # new or replaced worker
+                    old = row
+                    row = self.rows[st.rank] = RankView(rank=st.rank)
+                    if old is not None:  # a replacement keeps the cell's progress shape
+                        row.total = old.total
+                row.node, row.pid, row.device = st.node, st.pid, st.device
+                row.state, row.error = st.state, st.error
+                ranks.add(st.rank)
+            for rank in set(self.rows) - ranks:
+                del self.rows[rank]
+
+    def add_records(self, records: Iterable[Dict[str, Any]]) -> List[int]:
+        """Add reported metrics; returns the ranks whose rows changed."""
+        changed = []
+        with self.lock:
+            for rec in records:
+                rank = rec.get("rank")
+                row = self.rows.get(rank)
+                if row is None:
+                    row = self.rows[rank] = RankView(rank=rank)
+                row.add(rec, self.cell_total)
+                series = self.series.setdefault(rank, Series(self.max_points))
+                series.add(rec)
+                for key, value in rec.get("metrics", {}).items():
+                    if key not in STEP_KEYS and key not in self.metric_keys and _number(value) is not None:
+                        self.metric_keys.append(key)
+                if rank not in changed:
+                    changed.append(rank)
+            if changed:
+                self.version += 1
+        return changed
+
+    def default_metric(self) -> Optional[str]:
+        with self.lock:
+            if "loss" in self.metric_keys:
+                return "loss"
+            return self.metric_keys[0] if self.metric_keys else None
+
+    def lines(self, metric: Optional[str], mean: bool = False) -> List[Line]:
+        """The plot's lines for ``metric``: one per rank, or their mean at each step."""
+        if metric is None:
+            return []
+        with self.lock:
+            per_rank = {r: [(x, v[metric]) for x, v in s.points if metric in v] for r, s in sorted(self.series.items())}
+        per_rank = {r: pts for r, pts in per_rank.items() if pts}
+        if mean and per_rank:
+            sums: Dict[float, List[float]] = {}
+            for pts in per_rank.values():
+                for x, y in pts:
+                    sums.setdefault(x, []).append(y)
+            pts = sorted((x, sum(ys) / len(ys)) for x, ys in sums.items())
+            per_rank = {-1: pts}
+        out = []
+        for rank, pts in per_rank.items():
+            stride = max(1, math.ceil(len(pts) / self.plot_points))
+            kept = pts[::stride]
+            if kept[-1] is not pts[-1]:
+                kept.append(pts[-1])
+            out.append(Line("mean" if rank == -1 else f"rank {rank}", [p[0] for p in kept], [p[1] for p in kept]))
+        return out
+
+
+@dataclasses.dataclass
+class Situation:
+    """What decides which buttons can act now."""
+
+    group_state: str
+    foreground: bool = False  # the kernel is busy in a foreground cell or a button action
+    background: bool = False  # a --background cell is running
+    gone: Sequence[int] = ()
+    num_workers: int = 0
+    rescale_to: int = 0
+    checkpoints: int = 0
+    selected: Optional[Tuple[str, str]] = None  # (name, kind) of the selected checkpoint
+
+
+BUTTONS = ("checkpoint", "rollback", "restart", "rescale", "interrupt", "shutdown")
+FOREGROUND_WHY = ("a cell is running in the foreground: the buttons work between cells and during "
+                  "%%distributed --background cells (a click now would only act after the cell)")
+
+
+def button_states(s: Situation) -> Dict[str, Tuple[bool, str]]:
+    """``{button: (enabled, tooltip)}``; the tooltip of a disabled button says why."""
+    if s.group_state == "shut down":
+        why = "the group was shut down: a new %%distributed cell starts another"
+        return {b: (False, why) for b in BUTTONS}
+    if s.foreground:
+        return {b: (False, FOREGROUND_WHY) for b in BUTTONS}
+    dead = ", ".join(map(str, s.gone))
+    busy = s.background or s.group_state in ("running", "recovering")
+    bg_why = "a background cell is running: Interrupt it (or %dist_wait for it) first"
+    dead_why = f"rank(s) {dead} are dead: Restart dead workers, or Rescale, first"
+    out: Dict[str, Tuple[bool, str]] = {}
+    if s.gone:
+        out["checkpoint"] = (False, dead_why)
+    elif busy:
+        out["checkpoint"] = (True, "snapshot the warm state at the next report() of every rank")
+    else:
+        out["checkpoint"] = (True, "snapshot the warm state of every rank (models, optimizers, RNG)")
+    if not s.checkpoints:
+        out["rollback"] = (False, "no checkpoint yet: take one with Checkpoint")
+    elif s.selected is None:
+        out["rollback"] = (False, "select a checkpoint in the list")
+    elif s.selected[1] != "snapshot":
+        out["rollback"] = (False, f"{s.selected[0]} is a reported checkpoint (your own files): load it in a "
+                                  "cell with raytrain_nb.get_checkpoint(); Rollback takes snapshots")
+    elif busy:
+        out["rollback"] = (False, bg_why)
+    elif s.gone:
+        out["rollback"] = (False, dead_why)
+    else:
+        out["rollback"] = (True, f"load {s.selected[0]} into the same objects on every rank")
+    if busy:
+        out["restart"] = (False, bg_why)
+    elif not s.gone:
+        out["restart"] = (False, "no dead worker: every rank is alive")
+    else:
+        out["restart"] = (True, f"replace rank(s) {dead}; they get the state of a live peer")
+    if busy:
+        out["rescale"] = (False, bg_why)
+    elif s.rescale_to < 1:
+        out["rescale"] = (False, "give a number of workers of at least 1")
+    elif s.rescale_to == s.num_workers and not s.gone:
+        out["rescale"] = (False, f"the group already has {s.num_workers} workers")
+    else:
+        out["rescale"] = (True, f"grow or shrink the group to {s.rescale_to} workers, keeping the warm state")
+    out["interrupt"] = ((True, "interrupt the background cell on every rank") if busy
+                        else (False, "nothing is running"))
+    out["shutdown"] = ((False, bg_why) if busy else (True, "stop the workers and free their resources"))
+    return out
