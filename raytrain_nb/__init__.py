@@ -32,6 +32,23 @@ _LAZY = {
     "CheckpointError": ("._internal.errors", "CheckpointError"),
     "Checkpoint": ("._internal.checkpoint", "Checkpoint"),
     "CheckpointManager": ("._internal.checkpoint_manager", "CheckpointManager"),
+    # script mode (Ray Train's names)
+    "ScalingConfig": ("._internal.train_config", "ScalingConfig"),
+    "RunConfig": ("._internal.train_config", "RunConfig"),
+    "FailureConfig": ("._internal.train_config", "FailureConfig"),
+    "CheckpointConfig": ("._internal.train_config", "CheckpointConfig"),
+    "DataConfig": ("._internal.train_config", "DataConfig"),
+    "BackendConfig": ("._internal.train_config", "BackendConfig"),
+    "ConfigError": ("._internal.train_config", "ConfigError"),
+    "DataParallelTrainer": ("._internal.trainer", "DataParallelTrainer"),
+    "Result": ("._internal.result", "Result"),
+    "TrainingFailedError": ("._internal.result", "TrainingFailedError"),
+    "UserCallback": ("._internal.callbacks", "UserCallback"),
+    "TrainRunContext": ("._internal.callbacks", "TrainRunContext"),
+    "JsonLoggerCallback": ("._internal.callbacks", "JsonLoggerCallback"),
+    "CSVLoggerCallback": ("._internal.callbacks", "CSVLoggerCallback"),
+    "TensorBoardCallback": ("._internal.callbacks", "TensorBoardCallback"),
+    "TBXLoggerCallback": ("._internal.callbacks", "TBXLoggerCallback"),
 }
 
 __all__ = ["TrainContext", "get_checkpoint", "get_context", "get_dataset_shard", "report",

@@ -1,4 +1,8 @@
-"""PyTorch helpers, mirroring ``ray.train.torch``."""
+"""PyTorch helpers and the trainer, mirroring ``ray.train.torch``."""
+from ._internal.torch_compat import backward, enable_reproducibility, get_devices, prepare_optimizer
 from ._internal.torch_utils import get_device, prepare_data_loader, prepare_model
+from ._internal.train_config import TorchConfig
+from ._internal.trainer import TorchTrainer
 
-__all__ = ["get_device", "prepare_data_loader", "prepare_model"]
+__all__ = ["TorchConfig", "TorchTrainer", "backward", "enable_reproducibility", "get_device", "get_devices",
+           "prepare_data_loader", "prepare_model", "prepare_optimizer"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from typing import Any, Dict, Optional, Sequence
 
 from .snapshot import capture, changed_since, fingerprint, loads, restore
@@ -31,9 +32,10 @@ def rank_file(rank: int) -> str:
     return f"rank-{rank}.pt"
 
 
-def take(namespace: Dict[str, Any], rank: int, world_size: int, var_names: Sequence[str]) -> Dict[str, Any]:
-    """Copy the tracked state now (CPU copies), ready to write later (even while training goes on)."""
-    replicated, own = capture(namespace, var_names)
+def take(namespace: Dict[str, Any], rank: int, world_size: int, var_names: Sequence[str],
+         copy: bool = True) -> Dict[str, Any]:
+    """The tracked state now; with ``copy``, CPU copies to write later (even while training goes on)."""
+    replicated, own = capture(namespace, var_names, copy=copy)
     own["fingerprint"] = fingerprint(namespace)  # this rank's, to tell what changed at rollback
     return {"rank": rank, "world_size": world_size, "replicated": replicated if rank == 0 else None,
             "own": own, "vars": list(var_names), "fingerprint": fingerprint(namespace)}
@@ -45,13 +47,27 @@ def write(taken: Dict[str, Any], staged: StagedDir) -> None:
 
     rank = taken["rank"]
     if taken["replicated"] is not None:
-        with staged.open(REPLICATED) as fh:
-            torch.save(taken["replicated"], fh)
+        _save(taken["replicated"], staged, REPLICATED)
         meta = {"world_size": taken["world_size"], "vars": taken["vars"], "fingerprint": taken["fingerprint"]}
         with staged.open(META) as fh:
             fh.write(json.dumps(meta).encode())
-    with staged.open(rank_file(rank)) as fh:
-        torch.save(taken["own"], fh)
+    _save(taken["own"], staged, rank_file(rank))
+
+
+def _save(obj: Any, staged: StagedDir, name: str) -> None:
+    import torch
+
+    if is_local(staged.fs):  # straight to the file: no fsspec buffering on the hot path
+        os.makedirs(staged.path, exist_ok=True)
+        torch.save(obj, os.path.join(staged.path, name))
+    else:
+        with staged.open(name) as fh:
+            torch.save(obj, fh)
+
+
+def _read(fs: Any, path: str) -> Any:
+    """A local path (to memory-map) or the file's bytes."""
+    return path if is_local(fs) else fs.cat_file(path)
 
 
 def load(namespace: Dict[str, Any], url: str, rank: int, allow_pickle: bool = False) -> Dict[str, Any]:
@@ -66,10 +82,10 @@ def load(namespace: Dict[str, Any], url: str, rank: int, allow_pickle: bool = Fa
     fs, path = resolve(url)
     verify_dir(fs, path)  # every file present with its committed size
     meta = json.loads(fs.cat_file(join(path, META)).decode())
-    replicated = loads(fs.cat_file(join(path, REPLICATED)), f"{url}/{REPLICATED}", allow_pickle)
+    replicated = loads(_read(fs, join(path, REPLICATED)), f"{url}/{REPLICATED}", allow_pickle)
     own: Optional[Dict[str, Any]] = None
     if fs.exists(join(path, rank_file(rank))):
-        own = loads(fs.cat_file(join(path, rank_file(rank))), f"{url}/{rank_file(rank)}", allow_pickle)
+        own = loads(_read(fs, join(path, rank_file(rank))), f"{url}/{rank_file(rank)}", allow_pickle)
     restored = restore(namespace, replicated, own)
     before = (own or {}).get("fingerprint") or meta.get("fingerprint", {})
     return {"restored": restored, "changed": changed_since(namespace, before, restored)}

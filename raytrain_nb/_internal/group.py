@@ -454,14 +454,19 @@ class WorkerGroup:
         return CellResult(values=values, duration=time.perf_counter() - started)
 
     def execute(self, fn: Callable[..., Any], *args: Any, ranks: Optional[Sequence[int]] = None,
-                sink: Optional[OutputSink] = None, **kwargs: Any) -> List[Any]:
-        """Call ``fn(*args, **kwargs)`` on each targeted worker; return per-rank results in rank order."""
+                sink: Optional[OutputSink] = None, output: str = "rank0", **kwargs: Any) -> List[Any]:
+        """Call ``fn(*args, **kwargs)`` on each targeted worker; return per-rank results in rank order.
+
+        ``output``: whose output reaches ``sink``: ``rank0`` (default), ``all`` (labelled) or ``none``.
+        """
+        if output not in OUTPUT_MODES:
+            raise GroupError(f"output={output!r} is unknown: use rank0, all or none")
         self._check_usable()
         targets = self._targets(ranks)
         base = self.run_storage.report_base
         try:
             results = self._dispatch(lambda s: s.actor.execute.remote(fn, args, kwargs, base), targets,
-                                     sink or TextSink(), "rank0", targets[:1])
+                                     sink or TextSink(), output, targets[:1] if output == "rank0" else targets)
         finally:
             self.run_storage.advance(max(self._reports_seen(base), 0))
         return [results[r]["value"] for r in targets]
@@ -681,6 +686,16 @@ class WorkerGroup:
         from .checkpointing import rollback
 
         return rollback(self, name_or_index, run, allow_pickle)
+
+    def attach_datasets(self, **datasets: Any) -> None:
+        """Split Ray Data datasets across the ranks; ``get_dataset_shard(name)`` returns each rank's part.
+
+        Each dataset is split with ``streaming_split(num_workers, equal=True)``, and split again
+        after a restart or rescale. Example: ``group.attach_datasets(train=ray.data.range(1000))``.
+        """
+        from .datasets import attach
+
+        attach(self, datasets)
 
     def checkpoints(self, kind: Optional[str] = None) -> List[Any]:
         """The run's checkpoints (``kind``: ``"snapshot"``, ``"reported"`` or all), oldest first."""

@@ -175,6 +175,15 @@ def get_checkpoint() -> Any:
 
 
 def get_dataset_shard(name: str = "train") -> Any:
-    """This worker's shard of a dataset attached to the group or trainer."""
+    """This worker's shard of a dataset given to the trainer (``datasets=``) or ``group.attach_datasets``.
+
+    Returns:
+        A Ray Data ``DataIterator`` (``iter_torch_batches``, ``iter_batches``).
+
+    Raises:
+        KeyError: no dataset of that name (naming those that exist).
+    """
     _get_session("get_dataset_shard")
-    raise NotImplementedError(f"get_dataset_shard({name!r}): datasets are not supported yet")
+    from .datasets import shard
+
+    return shard(name)

@@ -121,21 +121,22 @@ def set_rng_state(state: Dict[str, Any]) -> None:
                      None if math.isnan(gauss) else gauss))
 
 
-def _to_cpu(obj: Any) -> Any:
-    """A deep copy of a state dict with every tensor on the CPU (a consistent copy)."""
+def _to_cpu(obj: Any, copy: bool = True) -> Any:
+    """A state dict with every tensor on the CPU; with ``copy``, a deep copy (consistent while training goes on)."""
     import torch
 
     if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
+        return obj.detach().to("cpu", copy=copy)
     if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
+        return {k: _to_cpu(v, copy) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_cpu(v) for v in obj)
+        return type(obj)(_to_cpu(v, copy) for v in obj)
     return obj
 
 
-def capture(namespace: Dict[str, Any], var_names: Sequence[str] = ()) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    """Copy the tracked state now: ``(replicated, own)``.
+def capture(namespace: Dict[str, Any], var_names: Sequence[str] = (),
+            copy: bool = True) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """The tracked state now: ``(replicated, own)``; ``copy=False`` when it is written before user code runs again.
 
     ``replicated`` (modules, optimizers, schedulers, scalers, named variables)
     is the same on every rank and written by rank 0; ``own`` (RNG states) is
@@ -149,11 +150,11 @@ def capture(namespace: Dict[str, Any], var_names: Sequence[str] = ()) -> Tuple[D
     if missing:
         raise SnapshotError(f"--vars names variable(s) {', '.join(missing)} that do not exist on the workers")
     replicated = {
-        "modules": {n: _to_cpu(m.state_dict()) for n, m in tracked.modules.items()},
-        "optimizers": {n: _to_cpu(o.state_dict()) for n, o in tracked.optimizers.items()},
-        "schedulers": {n: _to_cpu(s.state_dict()) for n, s in tracked.schedulers.items()},
-        "scalers": {n: _to_cpu(s.state_dict()) for n, s in tracked.scalers.items()},
-        "vars": {n: _to_cpu(namespace[n]) for n in var_names},
+        "modules": {n: _to_cpu(m.state_dict(), copy) for n, m in tracked.modules.items()},
+        "optimizers": {n: _to_cpu(o.state_dict(), copy) for n, o in tracked.optimizers.items()},
+        "schedulers": {n: _to_cpu(s.state_dict(), copy) for n, s in tracked.schedulers.items()},
+        "scalers": {n: _to_cpu(s.state_dict(), copy) for n, s in tracked.scalers.items()},
+        "vars": {n: _to_cpu(namespace[n], copy) for n in var_names},
     }
     return replicated, {"rng": rng_state()}
 
@@ -223,8 +224,9 @@ def dumps(state: Dict[str, Any]) -> bytes:
     return buf.getvalue()
 
 
-def loads(data: bytes, what: str, allow_pickle: bool = False) -> Dict[str, Any]:
-    """Load a saved state with ``weights_only=True`` (plain variables may need ``allow_pickle``).
+def loads(data: Any, what: str, allow_pickle: bool = False) -> Dict[str, Any]:
+    """Load a saved state (bytes, or a local file path, memory-mapped) with ``weights_only=True``
+    (plain variables may need ``allow_pickle``).
 
     Raises:
         SnapshotError: the file is truncated, edited or needs unpickling that was not allowed.
@@ -232,6 +234,8 @@ def loads(data: bytes, what: str, allow_pickle: bool = False) -> Dict[str, Any]:
     import torch
 
     try:
+        if isinstance(data, str):
+            return torch.load(data, weights_only=not allow_pickle, map_location="cpu", mmap=True)
         return torch.load(io.BytesIO(data), weights_only=not allow_pickle, map_location="cpu")
     except pickle.UnpicklingError as exc:
         if allow_pickle:

@@ -66,7 +66,8 @@ class CheckpointingWorker:
 
     def _snapshot(self, staged: StagedDir, var_names: Sequence[str], background: bool) -> Dict[str, Any]:
         world = self.session.context.world_size if self.session is not None else 1
-        taken = ckpt_worker.take(self.namespace, self.rank, world, var_names)
+        # Between cells nothing changes the state before it is written, unless it is written later.
+        taken = ckpt_worker.take(self.namespace, self.rank, world, var_names, copy=background)
         fut: "concurrent.futures.Future[Dict[str, Any]]" = concurrent.futures.Future()
         with self._snap_lock:
             self._snap_future = fut

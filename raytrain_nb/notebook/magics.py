@@ -16,7 +16,6 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from .._internal.errors import GroupError
 from .._internal.group import GroupState, WorkerGroup, active_group
 from .._internal.status import format_status
-from .sink import NotebookSink
 
 _SHAPING = (("workers", "num_workers"), ("cpus", "cpus_per_worker"), ("gpus", "gpus_per_worker"),
             ("backend", "backend"), ("address", "address"), ("spares", "spares"), ("storage", "storage_path"),
@@ -65,6 +64,12 @@ class DistributedMagics(Magics):
               help="when a worker dies: raise (default), or restart/rescale and run the cell again")
     @argument("--max-failures", dest="max_failures", type=int, default=1,
               help="how often --on-failure may recover in this cell (default 1; -1: no limit)")
+    @argument("--background", action="store_true",
+              help="return at once; output keeps coming into this cell (%%dist_wait waits, %%dist_interrupt stops)")
+    @argument("--queue", action="store_true", help="wait for a running background cell, then run this one")
+    @argument("--steps", type=int, default=None, help="the cell's number of steps, for the progress bars")
+    @argument("--no-dashboard", dest="no_dashboard", action="store_true",
+              help="do not show the dashboard under the cell that starts the group")
     @cell_magic
     def distributed(self, line: str, cell: str) -> Any:
         """Run the cell on every worker of the distributed group.
@@ -85,18 +90,16 @@ class DistributedMagics(Magics):
                ...: train.get_context().get_world_rank()
             Out[2]: 0
         """
+        from . import cells, ui
+
         args = parse_argstring(self.distributed, line)
+        before = active_group()
         group = self._group_for(args)
+        if group is not before and not args.no_dashboard:
+            ui.show(group)
         if args.push:
             self._push([n.strip() for n in args.push.split(",") if n.strip()], group)
-        sink = NotebookSink()
-        try:
-            group.run(cell, ranks=_ranks(args.ranks), output=args.output, sink=sink,
-                      setup=True if args.setup else None, on_failure=args.on_failure,
-                      max_failures=args.max_failures)
-        except GroupError as exc:
-            raise UsageError(str(exc)) from None
-        return sink.result()
+        return cells.run_cell(group, cell, args, _ranks(args.ranks))
 
     def _group_for(self, args: Any) -> WorkerGroup:
         group = active_group()
@@ -212,6 +215,9 @@ class DistributedMagics(Magics):
             In [9]: %dist_shutdown
         """
         group = _need_group()
+        if group.background is not None and not group.background.done():
+            raise UsageError("a background cell is running: %dist_interrupt stops it (or %dist_wait waits for it), "
+                             "then %dist_shutdown")
         group.shutdown()
         print(f"raytrain_nb: group {group.name} shut down")
 
@@ -221,6 +227,9 @@ def load_ipython_extension(ipython: Any) -> None:
 
     ipython.register_magics(DistributedMagics)
     ipython.register_magics(StateMagics)
+    from .magics_dashboard import DashboardMagics
+
+    ipython.register_magics(DashboardMagics)
 
 
 def unload_ipython_extension(ipython: Any) -> None:

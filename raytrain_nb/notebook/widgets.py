@@ -85,6 +85,8 @@ class Dashboard:
         self._action: Optional[str] = None
         self._entries: List[Any] = []
         self._wake = threading.Event()
+        self._stopped = threading.Event()
+        self._states: Dict[str, Any] = {}
         self._want_checkpoints = True
         self._plotted = (-1, None, None, None)
         self._plot: Any = None
@@ -334,19 +336,20 @@ class Dashboard:
         self._wake.set()
 
     def _loop(self) -> None:
+        """Re-list checkpoints when asked; re-render the plot when it changed, at most every interval."""
         last = 0.0
         while not self.closed:
             self._wake.wait(self.plot_interval_s)
             self._wake.clear()
+            rest = last + self.plot_interval_s - time.monotonic()
+            if rest > 0 and self._stopped.wait(rest):
+                break
             if self.closed:
                 break
             try:
                 if self._want_checkpoints:
                     self._want_checkpoints = False
                     self.refresh_checkpoints()
-                pause = self.plot_interval_s - (time.monotonic() - last)
-                if pause > 0 and self._wake.wait(pause):
-                    self._wake.set()  # keep the poke for the next round
                 if self._render_if_changed():
                     last = time.monotonic()
             except Exception:  # noqa: BLE001 - the timer must go on
@@ -375,6 +378,7 @@ class Dashboard:
     def close(self) -> None:
         """Stop updating (the group was shut down, or the dashboard is no longer wanted)."""
         self.closed = True
+        self._stopped.set()
         self._wake.set()
         self._update_buttons()
         shell_hook = getattr(self, "_post_cell", None)

@@ -1,0 +1,83 @@
+"""Which dashboard a front end gets: widgets in a Jupyter kernel, text lines elsewhere.
+
+``RAYTRAIN_NB_UI`` chooses: ``auto`` (default), ``widgets``, ``text`` or ``none``. With ``auto``,
+a Jupyter kernel (``get_ipython()`` has a ``kernel``: JupyterLab, Notebook 7, VS Code, nbclient)
+gets the widget dashboard when ipywidgets imports; anything else (terminal IPython, a script)
+gets the text fallback. A kernel cannot tell whether its front end renders widgets: in one that
+does not (``jupyter console``), set ``RAYTRAIN_NB_UI=text``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Optional
+
+logger = logging.getLogger(__name__)
+
+UI_ENV = "RAYTRAIN_NB_UI"
+MODES = ("auto", "widgets", "text", "none")
+
+
+def ui_mode() -> str:
+    """``widgets``, ``text`` or ``none`` for this process.
+
+    Raises:
+        ValueError: ``RAYTRAIN_NB_UI`` has an unknown value (names the allowed ones).
+    """
+    mode = os.environ.get(UI_ENV, "auto").strip().lower() or "auto"
+    if mode not in MODES:
+        raise ValueError(f"{UI_ENV}={mode!r} is unknown: use one of {', '.join(MODES)}")
+    if mode != "auto":
+        return mode
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython is a dependency
+        return "text"
+    shell = get_ipython()
+    if shell is None or getattr(shell, "kernel", None) is None:
+        return "text"
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return "text"
+    return "widgets"
+
+
+def show(group: Any, mode: Optional[str] = None) -> Any:
+    """Show ``group``'s dashboard in the current cell (widgets) or start its status lines (text).
+
+    Returns:
+        The :class:`~raytrain_nb.notebook.widgets.Dashboard`, the
+        :class:`~raytrain_nb.notebook.textui.TextReporter`, or None with mode ``none``.
+    """
+    mode = mode or ui_mode()
+    if mode == "none":
+        return None
+    if mode == "text":
+        from .textui import reporter_for
+
+        return reporter_for(group)
+    from IPython.display import display
+
+    from .widgets import dashboard_for
+
+    dash = dashboard_for(group)
+    display(dash)
+    return dash
+
+
+def expect_steps(group: Any, total: Optional[int]) -> None:
+    """``--steps N``: the total of the next cell's progress bars, for every view of ``group``."""
+    from .textui import existing_reporter
+
+    views = [existing_reporter(group)]
+    try:
+        from .widgets import existing_dashboard
+
+        dash = existing_dashboard(group)
+        views.append(dash.model if dash is not None else None)
+    except ImportError:  # no ipywidgets: text only
+        pass
+    for view in views:
+        if view is not None:
+            view.expect_steps(total)
