@@ -74,6 +74,8 @@ class ProcessGroupState:
         self._samplers: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self.generation = 0
         self.deferred = False  # True while a new rank replays setup cells before joining
+        self.forwards = 0  # forward passes of prepared models (a cell with any is not a setup cell)
+        self._master_store: Any = None
 
     @property
     def active(self) -> bool:
@@ -94,19 +96,28 @@ class ProcessGroupState:
         import torch.distributed as dist
 
         before = inet_socket_fds()
-        dist.init_process_group(
-            backend=backend,
-            init_method=f"tcp://{master_addr}:{master_port}",
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store, self._master_store = self._master_store, None
+        if store is None:  # rank 0 opened the rendezvous server (open_store) before the others came
+            from torch.distributed import TCPStore
+
+            store = TCPStore(master_addr, master_port, world_size, is_master=False, timeout=timeout)
+        dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         after = inet_socket_fds()
         with self._lock:
             self._sockets = {fd: ino for fd, ino in after.items() if before.get(fd) != ino}
             self.broken = False
             self.generation += 1
         logger.debug("rank %d joined %s group (%d sockets)", rank, backend, len(self._sockets))
+
+    def open_store(self, master_addr: str, world_size: int, timeout_s: float = 1800.0) -> int:
+        """On rank 0: start the rendezvous server now, so the other ranks connect at once
+        (a client that comes before the server backs off for hundreds of ms). Returns its port."""
+        from torch.distributed import TCPStore
+
+        self._master_store = TCPStore(master_addr, 0, world_size, is_master=True, wait_for_workers=False,
+                                      timeout=datetime.timedelta(seconds=timeout_s))
+        return self._master_store.port
 
     def break_(self) -> bool:
         """Make every collective of this group fail at once, here and on every peer.

@@ -55,6 +55,17 @@ def storage_path_for(run_config: RunConfig) -> Optional[str]:
     return fs.unstrip_protocol(resolve(raw, fs)[1])
 
 
+def render_failures(exc: WorkerError) -> str:
+    """Each rank's traceback (identical ones merged), without the notebook's recovery hints."""
+    from .errors import _cut, format_ranks, merge_failures
+
+    parts = []
+    for ranks, f in merge_failures(exc.failures):
+        body = _cut(f.traceback) if f.traceback else f"{f.type_name}: {f.message}"
+        parts.append(f"[{format_ranks(ranks)}]{f' on node {f.node}' if f.node else ''}\n{body}")
+    return "\n\n".join(parts)
+
+
 def _per_rank(exc: WorkerError) -> Dict[int, BaseException]:
     return {f.rank: WorkerError([f]) for f in exc.failures}
 
@@ -202,8 +213,8 @@ class FitRun:
                     if limit != -1 and failures > limit:
                         error = exc
                         raise self._failed(exc, failures) from None
-                    self._recover(exc, None, f"attempt {failures} failed ({exc}); restart {failures}/"
-                                               f"{'unlimited' if limit == -1 else limit}")
+                    self._notice(f"attempt {failures} failed:\n{render_failures(exc)}")
+                    self._recover(exc, None, f"restart {failures}/{'unlimited' if limit == -1 else limit}")
         finally:
             self.timings["total_s"] = time.perf_counter() - started
             if self.callbacks is not None:
@@ -231,7 +242,7 @@ class FitRun:
                 decision: elastic.Decision = elastic.Resize(grow_to, f"growing to {grow_to} workers")
             else:
                 decision = elastic.decide(group, exc, self.scaling)
-                self._notice(f"{why}: {decision.reason}")
+                self._notice(f"{why}: {decision.reason}; the loop runs again from the newest checkpoint")
             if isinstance(decision, elastic.Recreate):
                 group.run_storage.recover()
                 group.shutdown()
@@ -249,7 +260,7 @@ class FitRun:
         head = (f"Training failed on {', '.join(f'rank {r}' for r in exc.ranks) or 'a worker'}"
                 f" after {failures - 1} restart(s) (FailureConfig(max_failures={limit})); "
                 f"the run is in {self.group.run_storage.url}")
-        error = TrainingFailedError(f"{head}\n\n{exc.render()}", exc, failures)
+        error = TrainingFailedError(f"{head}\n\n{render_failures(exc)}", exc, failures)
         error.result = self._result(error)
         return error
 

@@ -161,6 +161,7 @@ class WorkerGroup:
         self.history: List[CellRecord] = []
         self._max_report_index = -1
         self.background: Optional[Any] = None  # the latest BackgroundRun
+        self.replay_failures: List[str] = []  # setup cells that failed when a new rank replayed them
         self.rank_specific: set = {"rank", "local_rank", "world_rank", "ctx"}  # plain names that differ by rank
         self._cell_seq = 0
         self.latest_metrics: Dict[int, Dict[str, Any]] = {}
@@ -178,6 +179,8 @@ class WorkerGroup:
         self._spares: List[_Slot] = []
         try:
             self._spares = [self._spawn(pg, i) for i in range(num_workers, num_workers + spares)]
+            for spare in self._spares:
+                spare.actor.warm.remote()
             slots = [self._spawn(pg, i) for i in range(num_workers)]
             self._slots = self._order(slots)
             self._rendezvous("setup")
@@ -321,7 +324,9 @@ class WorkerGroup:
         infos = self._contexts()
         master = self._slots[0]
         addr = master.info["node_ip"]
-        port = self._get([master.actor.free_port.remote()], 30, "start")[0] if self.backend != "none" else 0
+        port = 0
+        if self.backend != "none":
+            port = self._get([master.actor.open_store.remote(addr, len(self._slots))], 60, "start")[0]
         refs = []
         for rank, (slot, info) in enumerate(zip(self._slots, infos)):
             ctx, env = info.context(self.name), info.env(addr, port)
@@ -381,7 +386,7 @@ class WorkerGroup:
             output: ``rank0`` (the lowest targeted rank), ``all`` (labelled) or ``none``.
             sink: where output goes (default: this process's stdout/stderr).
             setup: whether a new rank must replay this cell to rebuild its namespace;
-                by default, cells that did not call ``report()``.
+                by default, cells that neither called ``report()`` nor ran a prepared model.
             on_failure: when a worker dies: ``raise`` (default), ``restart`` (replace it,
                 state from a live peer) or ``rescale`` (continue with the survivors); then
                 the cell runs again, at most ``max_failures`` times (-1: no limit).
@@ -449,7 +454,8 @@ class WorkerGroup:
                 self.rank_specific.add(name)
         if len(targets) == self.num_workers:
             reports = max(res.get("reports", 0) for res in results.values())
-            self.history.append(CellRecord(cell_id, source, reports == 0 if setup is None else bool(setup),
+            trained = reports or max(res.get("forwards", 0) for res in results.values())
+            self.history.append(CellRecord(cell_id, source, not trained if setup is None else bool(setup),
                                            reports, time.time()))
         return CellResult(values=values, duration=time.perf_counter() - started)
 
@@ -476,9 +482,9 @@ class WorkerGroup:
         from .dispatch import Dispatch
 
         with self._lock:
-            self._set_state(GroupState.RUNNING)
-            for r in targets:
+            for r in targets:  # before the state change, so observers see the running ranks
                 self._slots[r].state = "running"
+            self._set_state(GroupState.RUNNING)
             try:
                 run = Dispatch(self, {submit(self._slots[r]): r for r in targets}, sink, mode, shown)
                 results = run.collect()

@@ -5,7 +5,7 @@ rank reported report ``i``) and hands each to its listeners: the progress line, 
 the elastic growth check. :class:`ProgressLine` is a ``tqdm.auto`` bar in a terminal or a
 notebook (the step, rank 0's metrics, the mean over ranks of the loss-like numbers, steps/s and
 the worker count); when stderr is not a terminal (a log file, CI) it writes one plain line per
-report instead, at most :data:`MAX_LINES_PER_S` a second. :class:`TrainSink` prefixes worker output
+report instead (at most :data:`MAX_LINES_PER_S` a second; the last one is always written). :class:`TrainSink` prefixes worker output
 with ``[rank N]`` and writes it above the bar.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from .output import Labeller, OutputSink
 
 logger = logging.getLogger(__name__)
 
-MAX_LINES_PER_S = 5.0
+MAX_LINES_PER_S = 20.0
 _STEP_KEYS = ("step", "training_iteration", "iteration", "epoch")
 
 Listener = Callable[[str, List[Dict[str, Any]], List[Dict[str, Any]]], None]
@@ -104,6 +104,7 @@ class ProgressLine:
         self._first: Optional[tuple] = None
         self._total: Optional[int] = None
         self.reports = 0
+        self._skipped: Optional[str] = None
         if enabled:
             self._plain = not _in_notebook() and not _isatty(sys.stderr)
             if not self._plain:
@@ -143,9 +144,12 @@ class ProgressLine:
             self._bar.set_postfix_str(f"{text} [{tail}]", refresh=False)
             self._bar.update(1)
             return
+        line = f"({self.desc}) report {self.reports}: {text} [{tail}]\n"
         if now - self._last_line >= 1.0 / MAX_LINES_PER_S:
-            self._last_line = now
-            self.write(f"({self.desc}) report {self.reports}: {text} [{tail}]\n")
+            self._last_line, self._skipped = now, None
+            self.write(line)
+        else:
+            self._skipped = line
 
     def write(self, text: str, stream: Any = None) -> None:
         """Write text above the bar (worker output, notices)."""
@@ -159,6 +163,9 @@ class ProgressLine:
             stream.flush()
 
     def close(self) -> None:
+        if self._skipped is not None:
+            self.write(self._skipped)
+            self._skipped = None
         if self._bar is not None:
             self._bar.close()
             self._bar = None

@@ -34,6 +34,8 @@ def _kill(slot: "_Slot") -> None:
 
 def _prepare_new(group: "WorkerGroup", ranks: Sequence[int]) -> None:
     """Set up the workers of ``ranks`` without joining, then replay the setup cells on them."""
+    # The run directory first: report(checkpoint=...) and get_checkpoint() work on a new rank too.
+    group._get([group._slots[r].actor.set_storage.remote(group.run_storage.url) for r in ranks], 60, "start")
     infos = group._contexts()
     addr = group._slots[0].info.get("node_ip", "127.0.0.1")
     refs = [group._slots[r].actor.setup.remote(infos[r].context(group.name), infos[r].env(addr, 0),
@@ -42,8 +44,12 @@ def _prepare_new(group: "WorkerGroup", ranks: Sequence[int]) -> None:
         group._slots[r].device = res["device"]
     cells = [(c.cell_id, c.source) for c in group.history if c.setup]
     if cells:
-        group._get([group._slots[r].actor.replay.remote(cells) for r in ranks], group.start_timeout_s,
-                   "replay the setup cells of")
+        failed = group._get([group._slots[r].actor.replay.remote(cells) for r in ranks], group.start_timeout_s,
+                            "replay the setup cells of")
+        for r, lines in zip(ranks, failed):
+            for line in lines:  # the rank still joins: the state broadcast follows
+                logger.warning("rank %d: replaying %s", r, line)
+                group.replay_failures.append(f"rank {r}: {line}")
 
 
 def _survivor(group: "WorkerGroup", new: Sequence[int]) -> int:
@@ -67,6 +73,7 @@ def replace_ranks(group: "WorkerGroup", ranks: List[int]) -> None:
             if group._spares:  # a standby worker, started and with torch imported
                 group._slots[r] = group._spares.pop(0)
                 group._spares.append(group._spawn(old.pg, old.bundle))  # refill in the background
+                group._spares[-1].actor.warm.remote()
             else:
                 group._slots[r] = group._spawn(old.pg, old.bundle)
         group._describe([group._slots[r] for r in ranks])

@@ -63,6 +63,7 @@ def prepare_model(
     if move_to_device:
         model = model.to(device)
     state = process_group_state()
+    model.register_forward_pre_hook(_count_forward)
     joined = dist.is_available() and dist.is_initialized()
     if parallel_strategy is None or not (joined or state.deferred):
         return model
@@ -79,6 +80,10 @@ def prepare_model(
         wrapper._rtnb_ddp_kwargs = kwargs
     state.track(wrapper)
     return wrapper
+
+
+def _count_forward(module: Any, args: Any) -> None:
+    process_group_state().forwards += 1
 
 
 class _DeviceLoader:

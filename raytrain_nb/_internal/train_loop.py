@@ -50,3 +50,25 @@ def run_loop(fn: Callable[..., Any], config: Optional[Dict[str, Any]], with_conf
     finally:
         if sess is not None:
             sess.latest = base
+        _forget_prepared()
+
+
+def _forget_prepared() -> None:
+    """Stop tracking the DDP wrappers and samplers this attempt made with ``prepare_model`` /
+    ``prepare_data_loader``.
+
+    The core re-binds tracked wrappers whenever the process group is re-formed (a collective on
+    every rank). A failed attempt's model may outlive it for a while (reference cycles through its
+    traceback); a replacement rank never had it, so re-binding it would wait for that rank forever.
+    A trainer's attempt owns its objects: the next attempt builds its own.
+    """
+    import sys
+    import weakref
+
+    if "torch" not in sys.modules:
+        return
+    from .backend import process_group_state
+
+    state = process_group_state()
+    state._wrappers = weakref.WeakSet()
+    state._samplers = weakref.WeakSet()

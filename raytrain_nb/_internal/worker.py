@@ -118,8 +118,9 @@ class Worker(CheckpointingWorker):
         self._watch_stop = threading.Event()
         self._preloaded = threading.Event()
         self._init_checkpointing()
-        # Import heavy modules (torch) while the driver sets up the rest of the group.
-        threading.Thread(target=self._preload, args=(tuple(preload),), name="rtnb-preload", daemon=True).start()
+        # Import heavy modules (torch) while the driver sets up the rest of the group, on the cell
+        # thread: a second thread importing torch.distributed during that import kills the process.
+        self._cells.submit(self._preload, tuple(preload))
 
     def _preload(self, modules: Sequence[str]) -> None:
         try:
@@ -131,8 +132,10 @@ class Worker(CheckpointingWorker):
             self._preloaded.set()
 
     def warm(self) -> int:
-        """Returns once the preloaded modules are imported (a standby worker is ready)."""
-        self._preloaded.wait()
+        """Make a standby worker ready: preloaded modules imported, and what the first optimizer or
+        DDP wrapper would import (torch._dynamo, ~1 s). Returns the pid."""
+        if self._cells.call(lambda: "torch" in sys.modules):
+            self._cells.call(importlib.import_module, "torch._dynamo")
         return os.getpid()
 
     # -- identity and setup --------------------------------------------------------------
@@ -154,6 +157,10 @@ class Worker(CheckpointingWorker):
 
     def free_port(self) -> int:
         return free_port()
+
+    def open_store(self, master_addr: str, world_size: int) -> int:
+        """Start the process group's rendezvous server on this (rank 0) worker; returns its port."""
+        return self._cells.call(self.pg.open_store, master_addr, world_size)
 
     def setup(self, context: Dict[str, Any], env: Dict[str, str], backend: str,
               master_addr: str, master_port: int, defer: bool = False) -> Dict[str, Any]:
@@ -203,14 +210,15 @@ class Worker(CheckpointingWorker):
         return self.pg.join(self.pg.backend, master_addr, master_port, self.rank, context["world_size"],
                             self.namespace, src=src, fresh=fresh, rank_specific=rank_specific)
 
-    def replay(self, cells: Sequence[Tuple[int, str]]) -> int:
-        """Re-run setup cells on a new worker (collectives deferred); raise if one fails."""
+    def replay(self, cells: Sequence[Tuple[int, str]]) -> List[str]:
+        """Re-run setup cells on a new worker (collectives deferred); returns the failures, one line each."""
+        failed = []
         for cell_id, source in cells:
             result = self._cells.call(self._run_cell, source, cell_id, False)
             failure = result["failure"]
             if failure is not None:
-                raise RuntimeError(f"replaying cell {cell_id} failed: {failure.type_name}: {failure.message}")
-        return len(cells)
+                failed.append(f"cell {cell_id}: {failure.type_name}: {failure.message}")
+        return failed
 
     # -- running user code ---------------------------------------------------------------
 
@@ -263,6 +271,7 @@ class Worker(CheckpointingWorker):
         self._capture.start(buf)
         if self.session is not None:
             self.session.reports_this_cell = 0
+        self.pg.forwards = 0
         return buf
 
     def _end(self, result: Dict[str, Any]) -> Dict[str, Any]:
@@ -276,6 +285,7 @@ class Worker(CheckpointingWorker):
                 result["outputs"] = buf.drain() if buf is not None else []
                 result["metrics"] = self.session.drain() if self.session is not None else []
                 result["reports"] = self.session.reports_this_cell if self.session is not None else 0
+                result["forwards"] = self.pg.forwards
                 result["interrupted"] = self._interrupted
                 result["pg_broken"] = self.pg.broken
                 self._done.set()

@@ -55,6 +55,8 @@ class DistributedMagics(Magics):
     @argument("--output", choices=["rank0", "all", "none"], default="rank0",
               help="whose output to show: rank0 (default), all (labelled), none")
     @argument("--push", default=None, help="notebook variables to send first, e.g. a,b")
+    @argument("--datasets", default=None, help="Ray Data datasets (notebook variables) to split across the "
+              "workers, e.g. train=ds,val=val_ds; read with raytrain_nb.get_dataset_shard('train')")
     @argument("--storage", default=None, help="where runs are kept, any fsspec URL (first cell; default "
               "RAYTRAIN_NB_STORAGE_PATH or ~/raytrain_nb_results)")
     @argument("--name", default=None, help="the run's name (first cell; default run-<date>-<time>)")
@@ -97,6 +99,8 @@ class DistributedMagics(Magics):
         group = self._group_for(args)
         if group is not before and not args.no_dashboard:
             ui.show(group)
+        if args.datasets:
+            self._attach(args.datasets, group)
         if args.push:
             self._push([n.strip() for n in args.push.split(",") if n.strip()], group)
         return cells.run_cell(group, cell, args, _ranks(args.ranks))
@@ -128,6 +132,20 @@ class DistributedMagics(Magics):
         return group
 
     # -- line magics -------------------------------------------------------------------------
+
+    def _attach(self, spec: str, group: WorkerGroup) -> None:
+        pairs = [p.strip() for p in spec.split(",") if p.strip()]
+        bad = [p for p in pairs if p.count("=") != 1 or not all(p.split("="))]
+        if bad:
+            raise UsageError(f"--datasets {spec!r}: write name=variable pairs, e.g. --datasets train=ds")
+        names = dict(p.split("=") for p in pairs)
+        missing = [v for v in names.values() if v not in self.shell.user_ns]
+        if missing:
+            raise UsageError(f"--datasets: {', '.join(missing)} not defined in the notebook")
+        try:
+            group.attach_datasets(**{n: self.shell.user_ns[v] for n, v in names.items()})
+        except GroupError as exc:
+            raise UsageError(str(exc)) from None
 
     def _push(self, names: List[str], group: WorkerGroup) -> None:
         missing = [n for n in names if n not in self.shell.user_ns]

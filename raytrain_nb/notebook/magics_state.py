@@ -25,6 +25,15 @@ def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise UsageError(str(exc)) from None
 
 
+def _report_replay(group: Any) -> None:
+    """Say which setup cells failed when new ranks replayed them (they joined all the same)."""
+    if group.replay_failures:
+        print("setup cells that failed on the new rank(s) (mark training cells so they are not replayed):")
+        for line in group.replay_failures:
+            print("  " + line)
+        group.replay_failures.clear()
+
+
 @magics_class
 class StateMagics(Magics):
     """Checkpoint, roll back, restart and rescale the live group."""
@@ -106,8 +115,10 @@ class StateMagics(Magics):
             In [9]: %dist_restart
         """
         args = parse_argstring(self.dist_restart, line)
-        ranks = _call(_need_group().restart, from_checkpoint=args.from_checkpoint)
+        group = _need_group()
+        ranks = _call(group.restart, from_checkpoint=args.from_checkpoint)
         print(f"restarted rank(s) {', '.join(map(str, ranks))}")
+        _report_replay(group)
 
     @magic_arguments()
     @argument("workers", type=int, help="the new number of workers")
@@ -123,6 +134,7 @@ class StateMagics(Magics):
         group = _need_group()
         _call(group.rescale, args.workers)
         print(f"the group has {group.num_workers} workers")
+        _report_replay(group)
 
     @line_magic
     def dist_history(self, line: str) -> None:

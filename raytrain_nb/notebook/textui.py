@@ -83,7 +83,8 @@ class TextReporter:
         now = time.monotonic()
         with self._lock:
             for rank in changed:
-                if now - self._printed.get(rank, 0.0) >= self.min_interval_s:
+                last = self._printed.get(rank)
+                if last is None or now - last >= self.min_interval_s:
                     self._printed[rank] = now
                     self._held[rank] = False
                     self._write(self._line(rank))

@@ -111,12 +111,12 @@ class Dashboard:
         self.image.add_class("rtnb-plot")
         self.metric = w.Dropdown(options=[], description="metric", layout=w.Layout(width="210px"))
         self.mode = w.ToggleButtons(options=["per rank", "mean"], value="per rank",
-                                    style=w.ToggleButtonsStyle(button_width="70px"))
+                                    style=w.ToggleButtonsStyle(button_width="76px"))
         self.log = w.Checkbox(value=False, description="log scale", indent=False)
         for ctl in (self.metric, self.mode, self.log):
             ctl.observe(lambda _change: self._poke(), names="value")
         controls = w.VBox([self.metric, self.mode, self.log], layout=w.Layout(padding="8px 0 0 8px"))
-        self.checkpoint_list = w.Select(options=[], rows=5, layout=w.Layout(width="560px"))
+        self.checkpoint_list = w.Select(options=[], rows=5, layout=w.Layout(width="560px", margin="0 6px 0 0"))
         self.checkpoint_list.add_class("rtnb-checkpoints")
         self.checkpoint_list.observe(lambda _change: self._update_buttons(), names="value")
         self.rescale_to = w.BoundedIntText(value=max(self.group.num_workers, 1), min=1, max=1024,
@@ -125,7 +125,7 @@ class Dashboard:
         self.buttons: Dict[str, w.Button] = {}
         for name in BUTTONS:
             btn = w.Button(description=LABELS[name], icon=ICONS[name], button_style=STYLES[name],
-                           layout=w.Layout(width="auto"))
+                           layout=w.Layout(width="auto", margin="2px 4px 2px 0"))
             btn.add_class(f"rtnb-btn-{name}")
             btn.on_click(self._handler(name))
             self.buttons[name] = btn
@@ -133,8 +133,8 @@ class Dashboard:
         self.status.add_class("rtnb-status")
         b = self.buttons
         actions = w.HBox([b["checkpoint"], b["restart"], b["rescale"], self.rescale_to, b["interrupt"],
-                          b["shutdown"]], layout=w.Layout(flex_flow="row wrap", gap="4px"))
-        ckpts = w.HBox([self.checkpoint_list, b["rollback"]], layout=w.Layout(gap="6px", align_items="flex-start"))
+                          b["shutdown"]], layout=w.Layout(flex_flow="row wrap"))
+        ckpts = w.HBox([self.checkpoint_list, b["rollback"]], layout=w.Layout(align_items="flex-start"))
         self.widget = w.VBox([
             self.title, self.rows_box, w.HBox([self.image, controls]),
             w.HTML("<b>Checkpoints</b>"), ckpts, actions, self.status,
@@ -213,10 +213,10 @@ class Dashboard:
         kinds = {e.name: e.kind for e in self._entries}
         if name in kinds:
             selected = (name, kinds[name])
-        bg = getattr(self.group, "background", None)
+        state = self.group.state.value
         return Situation(
-            group_state=self.group.state.value, foreground=self._foreground or self._action is not None,
-            background=bg is not None and not bg.done(),
+            group_state=state, foreground=self._foreground or self._action is not None,
+            background=state in ("running", "recovering") and not self._foreground,
             gone=[r for r, row in sorted(self.model.rows.items()) if row.state in GONE],
             num_workers=self.group.num_workers, rescale_to=self.rescale_to.value or 0,
             checkpoints=len(self._entries), selected=selected)
@@ -235,12 +235,9 @@ class Dashboard:
 
     def _update_title(self) -> None:
         g = self.group
-        bg = getattr(g, "background", None)
         where = ""
-        if bg is not None and not bg.done():
-            where = " · background cell running"
-        elif self._foreground:
-            where = " · foreground cell running"
+        if g.state.value in ("running", "recovering"):
+            where = " · foreground cell running" if self._foreground else " · background cell running"
         self.title.value = (f"<b>raytrain_nb</b> · {html.escape(g.name)} · {g.num_workers} workers · "
                             f"{html.escape(str(g.backend))} · {_badge(g.state.value)}{where}")
 
@@ -286,7 +283,9 @@ class Dashboard:
                 self._say(text)
             finally:
                 self._action = None
-        if not self.closed:
+        if self.closed:
+            self._update_buttons()
+        else:
             self.refresh_checkpoints()
             self._sync_workers()
 
@@ -305,7 +304,9 @@ class Dashboard:
             g.rescale(int(self.rescale_to.value))
             return f"the group has {g.num_workers} workers"
         if name == "interrupt":
-            g.interrupt()
+            states = [r.get("state") for r in g.interrupt()]
+            if states and all(st in ("idle", "finishing") for st in states):
+                return "nothing was interrupted: no rank was running user code (just starting or ending)"
             return "interrupted every rank"
         g.shutdown()
         return "the group was shut down"
