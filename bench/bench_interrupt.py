@@ -116,16 +116,73 @@ def _divergent_run(group: Any) -> Dict[str, Any]:
     return out
 
 
+def _time_reforms(group: Any) -> List[float]:
+    """Record how long each re-forming of the process group takes (wraps the instance's method)."""
+    spent: List[float] = []
+    original = getattr(group, "_reform", None)
+    if original is None:  # the core renamed it: no breakdown, the figures still stand
+        return spent
+
+    def timed_reform() -> None:
+        t0 = time.perf_counter()
+        try:
+            original()
+        finally:
+            spent.append(time.perf_counter() - t0)
+
+    group._reform = timed_reform
+    return spent
+
+
+def _instrument_init(on: bool) -> bool:
+    """(Worker side) time every ``torch.distributed.init_process_group`` call of this process."""
+    import time as _time
+
+    import torch.distributed as dist
+
+    if on and not hasattr(dist, "_bench_orig_init"):
+        dist._bench_orig_init = dist.init_process_group
+        dist._bench_init_times = []
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = _time.perf_counter()
+            try:
+                return dist._bench_orig_init(*args, **kwargs)
+            finally:
+                dist._bench_init_times.append(_time.perf_counter() - t0)
+
+        dist.init_process_group = timed
+    elif not on and hasattr(dist, "_bench_orig_init"):
+        dist.init_process_group = dist._bench_orig_init
+        del dist._bench_orig_init
+    return True
+
+
+def _init_times() -> List[float]:
+    import torch.distributed as dist
+
+    out = list(getattr(dist, "_bench_init_times", []))
+    if hasattr(dist, "_bench_init_times"):
+        dist._bench_init_times.clear()
+    return out
+
+
 def run(group: Any, repeats: int = REPEATS) -> List[Figure]:
     section(f"6. interrupt a rank blocked in DDP backward ({BLOCK_S:g} s in), release after a divergent error")
     assert threading.current_thread() is threading.main_thread()
     old = signal.signal(signal.SIGINT, signal.default_int_handler)
     samples: Dict[str, List[Dict[str, Any]]] = {"api": [], "ctrl-c": [], "sigint": [], "divergent": []}
     recover: List[float] = []
+    reforms = _time_reforms(group)
+    group.execute(_instrument_init, True)
     try:
         for i in range(repeats):
             for how in ("api", "ctrl-c", "sigint", "divergent"):
+                reforms.clear()
+                group.execute(_init_times)
                 res = _divergent_run(group) if how == "divergent" else _blocked_run(group, how, check_stack=i == 0)
+                res["reform_s"] = sum(reforms)
+                res["init_pg_s"] = max((max(t) for t in group.execute(_init_times) if t), default=0.0)
                 samples[how].append(res)
                 if res.get("error"):
                     raise AssertionError(f"{how}: {res['error']}")
@@ -136,14 +193,23 @@ def run(group: Any, repeats: int = REPEATS) -> List[Figure]:
                 recover.append(time.perf_counter() - t0)
     finally:
         signal.signal(signal.SIGINT, old)
+        if "_reform" in vars(group):
+            del group._reform  # back to the class's method
+        try:
+            group.execute(_instrument_init, False)
+        except Exception:  # noqa: BLE001 - the group may be broken if a repetition failed
+            pass
 
     figs: List[Figure] = []
     for how, label in (("api", "group.interrupt() from a thread"), ("ctrl-c", "Ctrl-C in run()'s thread"),
                        ("sigint", "SIGINT to the driver")):
         s = stats([r["to_return_s"] for r in samples[how]])
         fails = samples[how][0].get("failures")
+        rf = stats([r["reform_s"] for r in samples[how]])
+        ip = stats([r["init_pg_s"] for r in samples[how]])
         print(f"  interrupt via {how:7s}: interrupt -> run() returns {fmt_stats(s, 1, 's', 3)}; "
-              f"failures {fails}")
+              f"of which re-forming the process group {rf['median']:.3f} s "
+              f"(init_process_group {ip['median']:.3f} s); failures {fails}")
         if how == "api":
             a = stats([r["api_call_s"] for r in samples[how]])
             print(f"                         group.interrupt() call itself {fmt_stats(a, 1, 's', 3)}; "
@@ -153,7 +219,10 @@ def run(group: Any, repeats: int = REPEATS) -> List[Figure]:
                            detail={"stats": s, "runs": [{k: v for k, v in r.items() if not k.startswith("t_")}
                                                         for r in samples[how]]}))
     s = stats([r["to_raise_s"] for r in samples["divergent"]])
+    rf = stats([r["reform_s"] for r in samples["divergent"]])
+    ip = stats([r["init_pg_s"] for r in samples["divergent"]])
     print(f"  divergent error: cell start -> WorkerError {fmt_stats(s, 1, 's', 3)}; "
+          f"of which re-forming the process group {rf['median']:.3f} s (init_process_group {ip['median']:.3f} s); "
           f"failures {samples['divergent'][0].get('failures')}, released {samples['divergent'][0].get('released')}")
     r = stats(recover)
     print(f"  (not timed above) one DDP step after recovery: {fmt_stats(r, 1, 's', 3)}")

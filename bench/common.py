@@ -10,7 +10,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_DIR = os.path.dirname(BENCH_DIR)
@@ -40,6 +40,19 @@ def stats(xs: Sequence[float]) -> Dict[str, float]:
         q1, q3 = xs[0], xs[-1]
     return {"n": len(xs), "median": statistics.median(xs), "q1": q1, "q3": q3, "min": xs[0], "max": xs[-1],
             "mean": statistics.fmean(xs)}
+
+
+def median_ci(xs: Sequence[float], level: float = 0.95, resamples: int = 2000) -> Tuple[float, float]:
+    """Bootstrap confidence interval of the median (fixed seed: the same data give the same interval)."""
+    import random
+
+    if len(xs) < 3:
+        return (min(xs), max(xs)) if xs else (float("nan"), float("nan"))
+    rng = random.Random(0)
+    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(resamples))
+    lo = meds[int((1 - level) / 2 * resamples)]
+    hi = meds[min(resamples - 1, int((1 + level) / 2 * resamples))]
+    return lo, hi
 
 
 def fmt_stats(s: Dict[str, float], scale: float = 1.0, unit: str = "", digits: int = 2) -> str:
@@ -79,7 +92,10 @@ def timed(fn: Callable[[], Any]) -> float:
 
 @dataclasses.dataclass
 class Figure:
-    """One figure compared with its target: ``value <op> target`` passes."""
+    """One figure compared with its target: ``value <op> target`` passes.
+
+    ``op="info"`` marks a diagnostic: printed with the target for reference, never a verdict.
+    """
 
     key: str
     label: str
@@ -93,12 +109,14 @@ class Figure:
 
     @property
     def passed(self) -> Optional[bool]:
-        if self.value is None:
+        if self.value is None or self.op == "info":
             return None
         return self.value < self.target if self.op == "<" else self.value >= self.target
 
     @property
     def verdict(self) -> str:
+        if self.op == "info" and self.value is not None:
+            return "info"
         return {True: "PASS", False: "MISS", None: "ERROR"}[self.passed]
 
     def miss_by(self) -> str:
@@ -106,6 +124,8 @@ class Figure:
         if self.passed is not False or self.value is None:
             return ""
         gap = self.value - self.target
+        if self.unit == "%":
+            return f"{gap:+.3g} percentage points"
         pct = 100.0 * gap / self.target if self.target else float("inf")
         return f"{gap:+.3g} {self.unit} ({pct:+.0f}%)"
 
@@ -118,11 +138,13 @@ class Figure:
 def fmt_value(v: Optional[float], unit: str) -> str:
     if v is None:
         return "n/a"
+    if float(v).is_integer():
+        return f"{v:.0f} {unit}".strip()
     if abs(v) >= 100:
         return f"{v:.0f} {unit}".strip()
     if abs(v) >= 10:
         return f"{v:.1f} {unit}".strip()
-    return f"{v:.3g} {unit}".strip()
+    return (f"{v:#.3g}".rstrip(".") + f" {unit}").strip()  # 1.00, 0.905, 2.34
 
 
 def summary_table(figures: Iterable[Figure]) -> str:
@@ -133,7 +155,8 @@ def summary_table(figures: Iterable[Figure]) -> str:
             note = f"{note}; {f.note}" if note else f.note
         if f.passed is False:
             note = f"missed by {f.miss_by()}; {note}"
-        rows.append((f.key, f.label, fmt_value(f.value, f.unit), f"{f.op} {fmt_value(f.target, f.unit)}",
+        target = f"({fmt_value(f.target, f.unit)})" if f.op == "info" else f"{f.op} {fmt_value(f.target, f.unit)}"
+        rows.append((f.key, f.label, fmt_value(f.value, f.unit), target,
                      f.verdict, note))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = []
@@ -144,8 +167,16 @@ def summary_table(figures: Iterable[Figure]) -> str:
     return "\n".join(lines)
 
 
+def loadavg() -> str:
+    """The machine's 1/5/15-minute load averages (other work on a shared machine shows here)."""
+    try:
+        return " ".join(open("/proc/loadavg").read().split()[:3])
+    except OSError:
+        return "?"
+
+
 def section(title: str) -> None:
-    print(f"\n=== {title} ===", flush=True)
+    print(f"\n=== {title} ===  [load average {loadavg()}, {os.cpu_count()} CPUs]", flush=True)
 
 
 # -- memory ---------------------------------------------------------------------------------
@@ -161,6 +192,21 @@ def pss_bytes(pid: int) -> Optional[int]:
     except (OSError, ValueError):
         return None
     return None
+
+
+def pss_parts(pid: int) -> Dict[str, int]:
+    """``Pss``, ``Pss_Anon`` (private heap: independent of who else maps the same libraries) and
+    ``Pss_File`` of a process, in bytes; empty if it is gone."""
+    out: Dict[str, int] = {}
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            for line in fh:
+                key = line.split(":", 1)[0]
+                if key in ("Pss", "Pss_Anon", "Pss_File"):
+                    out[key] = int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return {}
+    return out
 
 
 def ray_session_pids(driver_pid: int, session_dir: str) -> Dict[int, str]:

@@ -23,7 +23,7 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
-from common import REPO_DIR, RESULTS_DIR, Figure, section, single_thread, summary_table  # noqa: E402
+from common import REPO_DIR, RESULTS_DIR, Figure, loadavg, section, single_thread, summary_table  # noqa: E402
 
 
 def _memory_figures(quick: bool) -> List[Figure]:
@@ -41,14 +41,19 @@ def _memory_figures(quick: bool) -> List[Figure]:
         m = json.load(fh)
     os.remove(out)
     worst = max(m["worker_over_bare"], key=abs)
+    worst_ddp = max(m["worker_over_bare_ddp"], key=abs)
     top = sorted(m["by_name"].items(), key=lambda kv: -kv[1]["pss_mb"])[:4]
     return [
         Figure("5a", "PSS: driver + Ray + 2 idle torch workers", m["total_pss_mb"] / 1024, "GB", "<", 1.5,
                spread=f"{m['processes']} processes",
-               note="largest: " + ", ".join(f"{n} {v['pss_mb']:.0f} MB" for n, v in top), detail=m),
+               note="largest: " + ", ".join(f"{n} {v['pss_mb']:.0f} MB" for n, v in top)
+               + f"; after a DDP step {m['total_after_step_pss_mb'] / 1024:.2f} GB", detail=m),
         Figure("5b", "worker PSS after DDP step vs bare actor", 100 * abs(worst), "%", "<", 15.0,
                spread="workers " + "/".join(f"{w:.0f}" for w in m["worker_pss_mb"]) + f" MB, bare {m['bare_pss_mb']:.0f} MB",
                note="signed: " + ", ".join(f"{100 * d:+.1f}%" for d in m["worker_over_bare"])),
+        Figure("5b'", "diagnostic: worker vs bare actor after same DDP step", 100 * abs(worst_ddp), "%", "info", 15.0,
+               spread=f"bare actor after a plain torch DDP step {m['bare_ddp_pss_mb']:.0f} MB",
+               note="signed: " + ", ".join(f"{100 * d:+.1f}%" for d in m["worker_over_bare_ddp"])),
         Figure("5c", "helper actors alive besides the workers", float(len(m["helper_actors"])), "", "<", 1,
                note=", ".join(str(a.get("class")) for a in m["helper_actors"]) or "none"),
     ]
@@ -56,12 +61,13 @@ def _memory_figures(quick: bool) -> List[Figure]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="", help="comma-separated figure numbers (1-6)")
+    parser.add_argument("--only", default="", help="comma-separated section numbers (1-10)")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     args = parser.parse_args()
-    only = {int(x) for x in args.only.split(",") if x.strip()} or set(range(1, 7))
+    only = {int(x) for x in args.only.split(",") if x.strip()} or set(range(1, 11))
 
     started = time.time()
+    load_start = loadavg()
     t0 = time.perf_counter()
     os.makedirs(RESULTS_DIR, exist_ok=True)
     os.chdir(REPO_DIR)
@@ -124,6 +130,14 @@ def main() -> int:
 
             ray.shutdown()
 
+    # Sections with a run() of their own (each starts what it needs): 7 checkpoints, 8 recovery,
+    # 9 dashboard, 10 trainer.
+    for number, module, kwargs in ((7, "bench_checkpoint", {"rounds": 3 if args.quick else 7}),
+                                   (8, "bench_recovery", {"rounds": 1 if args.quick else 3}),
+                                   (9, "bench_dashboard", {}), (10, "bench_trainer", {})):
+        if number in only and os.path.exists(os.path.join(BENCH_DIR, module + ".py")):
+            attempt(module, lambda m=module, kw=kwargs: __import__(m).run(**kw))
+
     wall = time.perf_counter() - t0
     section(f"summary ({wall:.0f} s)")
     figures.sort(key=lambda f: f.key)
@@ -132,12 +146,16 @@ def main() -> int:
         print(f"ERROR  {e}")
     missed = [f.key for f in figures if f.passed is False]
     print(f"\n{sum(f.passed is True for f in figures)} PASS, {len(missed)} MISS"
-          + (f" ({', '.join(missed)})" if missed else "") + f", {len(errors)} ERROR")
+          + (f" ({', '.join(missed)})" if missed else "") + f", {len(errors)} ERROR; "
+          f"{sum(f.op == 'info' for f in figures)} diagnostics (info: no target of their own)")
+    print(f"load average at start {load_start}, at end {loadavg()} on {os.cpu_count()} CPUs "
+          "(above ~2, other work shares this machine and throughput figures get noisy)")
 
     result = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
         "wall_s": wall,
         "quick": args.quick,
+        "load_average": {"start": load_start, "end": loadavg()},
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "versions": _versions(),
         "figures": [f.as_dict() for f in figures],

@@ -1,0 +1,165 @@
+"""Figure 7: the dashboard's cost and speed (``python bench/bench_dashboard.py [--quick]``).
+
+7a. Latency from ``report()`` on a worker to the dashboard's model changing: a ``--background``
+    style cell reports ``{"step": i}`` every 150 ms on 2 workers (one report per driver poll);
+    an observer on rank 0's and rank 1's ``IntProgress.value`` trait takes the time the value
+    changed minus the record's own ``time`` (stamped in ``report()``; same machine, same clock).
+    Target: median under 300 ms.
+7b. Training throughput with the dashboard open vs closed: the fixed DDP workload of
+    ``workload.py`` reporting every step (the worst case for the dashboard: ~20 records per
+    rank per poll and a plot re-rendered every 0.75 s), in runs interleaved open/closed; a fresh
+    dashboard per open run, closed after it. Target: median paired slowdown at most 3 %.
+
+Runs on its own (a Ray instance and a 2-worker group of its own), or through ``run(group)``
+from a suite that already has a group.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any, Dict, List
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+if BENCH_DIR not in sys.path:
+    sys.path.insert(0, BENCH_DIR)
+
+from common import RESULTS_DIR, Figure, fmt_stats, median_ci, section, single_thread, stats  # noqa: E402
+
+REPORTS = 120
+REPORT_EVERY_S = 0.15
+STEPS = 800
+ROUNDS = 6
+
+LATENCY_CELL = """
+import time, raytrain_nb as train
+for _i in range({n}):
+    train.report({{"step": _i}}, total={n})
+    time.sleep({pause})
+"""
+
+
+def run_latency(group: Any, reports: int = REPORTS) -> List[Figure]:
+    from raytrain_nb._internal.output import CollectSink
+    from raytrain_nb.notebook.widgets import Dashboard
+
+    section(f"7a. report() -> dashboard value changed, {reports} reports per rank every {REPORT_EVERY_S * 1e3:.0f} ms")
+    dash = Dashboard(group)
+    lat: List[float] = []
+    seen: Dict[int, int] = {}
+    lock = threading.Lock()
+
+    def observer(rank: int) -> Any:
+        def on_value(change: Dict[str, Any]) -> None:
+            now = time.time()
+            row = dash.model.rows.get(rank)
+            if row is not None and change["new"] > seen.get(rank, 0):
+                with lock:
+                    seen[rank] = change["new"]
+                    lat.append(now - row.last_time)
+        return on_value
+
+    try:
+        for rank, row in dash.rows.items():
+            row.bar.observe(observer(rank), names="value")
+        group.run(LATENCY_CELL.format(n=reports, pause=REPORT_EVERY_S), sink=CollectSink())
+    finally:
+        dash.close()
+    s = stats(lat)
+    p95 = sorted(lat)[int(0.95 * (len(lat) - 1))] if lat else float("nan")
+    print(f"  report -> IntProgress.value: {fmt_stats(s, 1e3, 'ms', 1)}; p95 {p95 * 1e3:.1f} ms")
+    return [
+        Figure("7a", "report() -> dashboard value changed (median)", s["median"] * 1e3, "ms", "<", 300.0,
+               spread=f"IQR {s['q1'] * 1e3:.0f}-{s['q3'] * 1e3:.0f}, p95 {p95 * 1e3:.0f}, "
+                      f"max {s['max'] * 1e3:.0f} ms, n={s['n']}", detail={"latencies_s": lat}),
+    ]
+
+
+def run_throughput(group: Any, steps: int = STEPS, rounds: int = ROUNDS) -> List[Figure]:
+    from raytrain_nb._internal.output import CollectSink
+    from raytrain_nb.notebook.widgets import Dashboard
+    from workload import loop_cell
+
+    section(f"7b. DDP steps/s, dashboard open vs closed, report() every step, {steps} steps x {rounds} rounds "
+            "(interleaved)")
+    cell = loop_cell(steps, report=True)
+
+    def once(open_dashboard: bool) -> float:
+        dash = Dashboard(group) if open_dashboard else None
+        try:
+            group.run(cell, sink=CollectSink())
+            renders = dash.renders if dash is not None else 0
+        finally:
+            if dash is not None:
+                dash.close()
+        if open_dashboard:
+            renders_seen.append(renders)
+        return steps / group.pull("elapsed", rank=0)
+
+    renders_seen: List[int] = []
+    once(True), once(False)  # warm-up
+    renders_seen.clear()
+    rates: Dict[str, List[float]] = {"open": [], "closed": []}
+    for i in range(rounds):
+        order = ("open", "closed") if i % 2 == 0 else ("closed", "open")
+        for name in order:
+            rates[name].append(once(name == "open"))
+    ratios = [o / c for o, c in zip(rates["open"], rates["closed"])]
+    slow = [100.0 * (1.0 - r) for r in ratios]
+    s_open, s_closed, s_slow = stats(rates["open"]), stats(rates["closed"]), stats(slow)
+    lo, hi = median_ci(slow)
+    print(f"  dashboard open:   {fmt_stats(s_open, 1, 'steps/s', 1)}")
+    print(f"  dashboard closed: {fmt_stats(s_closed, 1, 'steps/s', 1)}")
+    print(f"  slowdown (paired): {fmt_stats(s_slow, 1, '%', 2)}; 95% CI of the median {lo:.2f}..{hi:.2f} %")
+    print(f"  plot renders per open run: {renders_seen}")
+    return [
+        Figure("7b", "DDP steps/s slowdown with the dashboard open", s_slow["median"], "%", "<", 3.0,
+               spread=f"CI {lo:.2f}..{hi:.2f} %, IQR {s_slow['q1']:.2f}..{s_slow['q3']:.2f}, n={s_slow['n']}",
+               note=f"open {s_open['median']:.0f} vs closed {s_closed['median']:.0f} steps/s",
+               detail={"open": rates["open"], "closed": rates["closed"], "renders": renders_seen}),
+    ]
+
+
+def run(group: Any, quick: bool = False) -> List[Figure]:
+    """Figures 7a and 7b on an existing group (the suite's)."""
+    return (run_latency(group, reports=40 if quick else REPORTS)
+            + run_throughput(group, steps=300 if quick else STEPS, rounds=2 if quick else ROUNDS))
+
+
+def main() -> int:
+    from common import summary_table
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
+    args = parser.parse_args()
+    single_thread()
+    os.environ.setdefault("RAYTRAIN_NB_NUM_CPUS", "4")
+    import torch
+
+    torch.set_num_threads(1)
+    from raytrain_nb import WorkerGroup
+    from raytrain_nb._internal.output import CollectSink
+    from workload import GROUP_SETUP
+
+    section("setup: Ray and a 2-worker gloo group")
+    group = WorkerGroup(2)
+    try:
+        group.run(GROUP_SETUP, sink=CollectSink())
+        figures = run(group, quick=args.quick)
+    finally:
+        group.shutdown()
+    section("summary")
+    print(summary_table(figures))
+    os.makedirs(RESULTS_DIR, exist_ok=True)
+    path = os.path.join(RESULTS_DIR, "dashboard.json")
+    with open(path, "w") as fh:
+        json.dump({"quick": args.quick, "figures": [f.as_dict() for f in figures]}, fh, indent=1, default=str)
+    print(f"results: {path}")
+    return 0 if all(f.passed is not False for f in figures) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
