@@ -116,6 +116,8 @@ def connect(address: Optional[str] = None) -> None:
                 if address:
                     _shipped_working_dir = _init_remote(ray, address)
                 else:
+                    # Ray starts workers at niceness 15; training ranks should not yield to everything else.
+                    os.environ.setdefault("RAY_worker_niceness", "0")
                     ray.init(**local_init_kwargs())
                     _started_by_us = True
                 last = None
