@@ -585,11 +585,22 @@ class WorkerGroup:
         if self.state is GroupState.SHUTDOWN:
             self._check_not_running()
         targets = self._targets(None if rank is None else [rank])
-        try:
-            values = ray.get([self._slots[r].actor.pull.remote(name) for r in targets], timeout=300)
-        except ray.exceptions.RayTaskError as exc:
-            cause = exc.cause if getattr(exc, "cause", None) is not None else exc
-            raise GroupError(str(cause).splitlines()[0] if str(cause) else repr(cause)) from None
+        refs = [self._slots[r].actor.pull.remote(name) for r in targets]
+        values, missing, other = [], [], []
+        for r, ref in zip(targets, refs):
+            try:
+                values.append(ray.get(ref, timeout=300))
+            except ray.exceptions.RayTaskError as exc:
+                cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+                (missing if isinstance(cause, NameError) else other).append((r, cause))
+        if missing:
+            ranks = ", ".join(str(r) for r, _ in missing)
+            raise GroupError(f"name {name!r} is not defined on rank {ranks}: run the cell that defines it, "
+                             "or check the spelling")
+        if other:
+            r, cause = other[0]
+            raise GroupError(f"cannot pull {name!r} from rank {r}: {type(cause).__name__}: "
+                             f"{str(cause).splitlines()[0] if str(cause) else ''}")
         return values if rank is None else values[0]
 
     def reload(self, module: str) -> List[str]:

@@ -6,6 +6,7 @@ magic are one-line ``UsageError``s.
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Dict, List, Optional
 
@@ -16,6 +17,8 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from .._internal.errors import GroupError
 from .._internal.group import GroupState, WorkerGroup, active_group
 from .._internal.status import format_status
+
+logger = logging.getLogger(__name__)
 
 _SHAPING = (("workers", "num_workers"), ("cpus", "cpus_per_worker"), ("gpus", "gpus_per_worker"),
             ("backend", "backend"), ("address", "address"), ("spares", "spares"), ("storage", "storage_path"),
@@ -240,9 +243,39 @@ class DistributedMagics(Magics):
         print(f"raytrain_nb: group {group.name} shut down")
 
 
+def _stop_on_kernel_shutdown(ipython: Any) -> None:
+    """Shut the group and the Ray instance we started down when the kernel shuts down.
+
+    Without it the kernel waits on Ray's processes until the kernel manager kills it (~5 s).
+    """
+    kernel = getattr(ipython, "kernel", None)
+    original = getattr(kernel, "do_shutdown", None)
+    if original is None or getattr(original, "_rtnb", False):
+        return
+
+    def do_shutdown(restart: bool) -> Any:
+        from .._internal import cluster
+
+        try:
+            group = active_group()
+            if group is not None:
+                group.shutdown()
+            if cluster.started_by_us():
+                import ray
+
+                ray.shutdown()
+        except Exception as exc:  # noqa: BLE001 - the kernel must shut down regardless
+            logger.warning("stopping Ray at kernel shutdown: %s", exc)
+        return original(restart)
+
+    do_shutdown._rtnb = True  # type: ignore[attr-defined]
+    kernel.do_shutdown = do_shutdown
+
+
 def load_ipython_extension(ipython: Any) -> None:
     from .magics_state import StateMagics
 
+    _stop_on_kernel_shutdown(ipython)
     ipython.register_magics(DistributedMagics)
     ipython.register_magics(StateMagics)
     from .magics_dashboard import DashboardMagics

@@ -103,7 +103,7 @@ def test_push_of_unpicklable_value_names_it(group):
 
 
 def test_pull_of_missing_name(group):
-    with pytest.raises(GroupError, match=r"name 'not_there' is not defined on rank 0"):
+    with pytest.raises(GroupError, match=r"name 'not_there' is not defined on rank 0: run the cell that defines it"):
         group.pull("not_there")
 
 
