@@ -15,7 +15,7 @@ import os
 import socket
 import threading
 import weakref
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Optional, Sequence, Set
 
 logger = logging.getLogger(__name__)
 

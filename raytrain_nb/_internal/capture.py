@@ -14,7 +14,7 @@ import io
 import os
 import sys
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 Item = Tuple[str, Any]  # ("stdout"|"stderr", text) or ("display", (data, metadata))
 

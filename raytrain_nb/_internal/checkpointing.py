@@ -9,12 +9,11 @@ import dataclasses
 import logging
 import re
 import threading
-import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
 from . import ckpt_worker
 from .checkpoint_manager import CheckpointEntry, CheckpointManager
-from .errors import CheckpointError, GroupError
+from .errors import CheckpointError
 from .metrics_log import append_metrics
 from .staging import STAGING_DIR, commit_dir, discard_dir
 from .storage import default_storage_path, join, refuse_per_process, resolve, to_url

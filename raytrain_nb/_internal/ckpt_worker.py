@@ -43,8 +43,6 @@ def take(namespace: Dict[str, Any], rank: int, world_size: int, var_names: Seque
 
 def write(taken: Dict[str, Any], staged: StagedDir) -> None:
     """Write a taken snapshot's files for this rank into the staged directory."""
-    import torch
-
     rank = taken["rank"]
     if taken["replicated"] is not None:
         _save(taken["replicated"], staged, REPLICATED)

@@ -118,7 +118,8 @@ def connect(address: Optional[str] = None) -> None:
                 else:
                     # Ray starts workers at niceness 15; training ranks should not yield to everything else.
                     os.environ.setdefault("RAY_worker_niceness", "0")
-                    ray.init(**local_init_kwargs())
+                    # "local": a new instance even if `ray start` left one running on this machine
+                    ray.init(address="local", **local_init_kwargs())
                     _started_by_us = True
                 last = None
                 break

@@ -1,7 +1,7 @@
 """Magics for the group's state: checkpoints, rollback, restart, rescale, history."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class

@@ -1,0 +1,71 @@
+"""The group's plain data: its states, status rows, cell results and history, worker slots."""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any, Dict, Optional
+
+from .ranks import RankInfo
+
+
+class GroupState(enum.Enum):
+    """Lifecycle of a group; observers subscribe with :meth:`WorkerGroup.subscribe`."""
+
+    STARTING = "starting"
+    IDLE = "idle"
+    RUNNING = "running"
+    FAILED = "failed"
+    RECOVERING = "recovering"
+    SHUTDOWN = "shut down"
+
+
+@dataclasses.dataclass
+class WorkerStatus:
+    """One row of :meth:`WorkerGroup.status`."""
+
+    rank: int
+    node: str
+    pid: int
+    device: str
+    state: str
+    last_metrics: Dict[str, Any]
+    error: str = ""
+
+
+@dataclasses.dataclass
+class CellResult:
+    """What :meth:`WorkerGroup.run` returns: each rank's displayed value and the wall time."""
+
+    values: Dict[int, Any]
+    duration: float
+
+    @property
+    def value(self) -> Optional[str]:
+        """The ``text/plain`` value of the lowest rank that returned one."""
+        for rank in sorted(self.values):
+            if self.values[rank] is not None:
+                return self.values[rank][0].get("text/plain")
+        return None
+
+
+@dataclasses.dataclass
+class CellRecord:
+    """A cell that ran without error on every rank (what a new rank replays if ``setup``)."""
+
+    cell_id: int
+    source: str
+    setup: bool
+    reports: int
+    time: float
+
+
+@dataclasses.dataclass
+class _Slot:
+    actor: Any
+    pg: Any
+    bundle: int
+    info: Dict[str, Any]
+    rank_info: Optional[RankInfo] = None
+    device: str = "cpu"
+    state: str = "starting"
+    error: str = ""
