@@ -6,7 +6,6 @@ import pathlib
 import pickle
 import shutil
 import threading
-import uuid
 
 import cloudpickle
 import pytest
@@ -19,13 +18,6 @@ from raytrain_nb._internal.errors import CheckpointError
 from raytrain_nb._internal.staging import COMMIT_MARKER, METADATA_FILE, atomic_dir, begin_dir
 
 
-@pytest.fixture
-def mem_url():
-    root = f"/t-{uuid.uuid4().hex[:8]}"
-    yield f"memory://{root}"
-    fs = MemoryFileSystem()
-    if fs.exists(root):
-        fs.rm(root, recursive=True)
 
 
 @pytest.fixture(params=["local", "memory"])

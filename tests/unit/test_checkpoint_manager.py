@@ -8,10 +8,8 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import uuid
 
 import pytest
-from fsspec.implementations.memory import MemoryFileSystem
 
 from raytrain_nb._internal import checkpoint_manager as cm
 from raytrain_nb._internal import storage
@@ -21,18 +19,8 @@ from raytrain_nb._internal.errors import CheckpointError
 from raytrain_nb._internal.staging import atomic_dir, list_committed
 
 
-@pytest.fixture
-def mem_url():
-    root = f"/t-{uuid.uuid4().hex[:8]}"
-    yield f"memory://{root}"
-    fs = MemoryFileSystem()
-    if fs.exists(root):
-        fs.rm(root, recursive=True)
 
 
-@pytest.fixture(params=["local", "memory"])
-def run_url(request, tmp_path, mem_url):
-    return str(tmp_path / "run") if request.param == "local" else mem_url + "/run"
 
 
 def save(mgr, kind="reported", metrics=None, name=None, data=b"weights"):

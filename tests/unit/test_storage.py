@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import uuid
 
 import pytest
 from fsspec.implementations.local import LocalFileSystem
@@ -24,20 +23,8 @@ from raytrain_nb._internal.staging import (COMMIT_MARKER, STAGING_DIR, WRITING_M
                                            list_committed, read_manifest, verify_dir)
 
 
-@pytest.fixture
-def mem_url():
-    """A fresh memory:// directory, removed afterwards."""
-    root = f"/t-{uuid.uuid4().hex[:8]}"
-    yield f"memory://{root}"
-    fs = MemoryFileSystem()
-    if fs.exists(root):
-        fs.rm(root, recursive=True)
 
 
-@pytest.fixture(params=["local", "memory"])
-def run_url(request, tmp_path, mem_url):
-    """A run directory on the local disk (commit by rename) and on memory:// (commit by marker)."""
-    return str(tmp_path / "run") if request.param == "local" else mem_url + "/run"
 
 
 def write(staged, rel, data=b"data"):
