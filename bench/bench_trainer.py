@@ -5,16 +5,19 @@ installed), in one run.
 Figures (each variant runs the same loop: a 64-256-256-10 MLP, batch 64, SGD, gloo, 2 workers,
 one torch thread per process):
 
-- wall time of ``fit()`` (of ``mp.spawn`` for plain torch), first and second call in this process;
+- wall time of ``fit()`` (of ``mp.spawn`` for plain torch), the first call in this process and later ones;
 - startup overhead: from the call to the first training step on rank 0 (Ray already started);
 - steps/s measured inside the loop (after a warm-up), without reports and with ``report()``
-  every ``--report-every`` steps;
+  every ``--report-every`` steps; variants run interleaved for ``--rounds`` rounds (the order reversed
+  every other round), medians compared;
 - ratios vs the targets: startup <= 1/3 of Ray Train's, steps/s >= 0.95x plain torch, and
   >= 0.9x with reports.
 
 Usage::
 
-    .venv/bin/python bench/bench_trainer.py [--steps 1500] [--report-every 100] [--quick] [--no-ray-train]
+    .venv/bin/python bench/bench_trainer.py [--steps 1000] [--rounds 5] [--ray-rounds 2] [--report-every 100] [--settle 3]
+                                            [--quick]
+                                            [--no-ray-train]
 
 Writes ``bench/results/trainer.json``. Standalone: ``bench/run_all.py`` can call :func:`main`
 (``main(["--quick"])`` returns the figures as a list of dicts) or run it as a subprocess.
@@ -25,6 +28,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -90,7 +94,9 @@ def ray_train_loop(config: Dict[str, Any]) -> None:
 
     rank = train.get_context().get_world_rank()
     out = run_steps(config["steps"], config["report_every"], train.report, prepare_model, rank)
-    train.report({"final": 1, **out})
+    with tempfile.TemporaryDirectory() as d:  # Ray Train's Result.metrics are those of the last checkpoint
+        open(os.path.join(d, "done"), "w").close()
+        train.report({"final": 1, **out}, checkpoint=train.Checkpoint.from_directory(d) if rank == 0 else None)
 
 
 def _plain_worker(rank: int, port: int, steps: int, report_every: int, queue: Any) -> None:
@@ -171,67 +177,87 @@ def _line(name: str, r: Dict[str, float]) -> None:
           f"{r['steps_per_s']:7.1f} steps/s", flush=True)
 
 
+def _median(xs: List[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
 def main(argv: Optional[List[str]] = None) -> List[Dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (medians are reported)")
+    parser.add_argument("--ray-rounds", type=int, default=2, help="rounds with Ray Train (about 50 s each)")
     parser.add_argument("--report-every", type=int, default=100)
-    parser.add_argument("--quick", action="store_true", help="500 steps")
+    parser.add_argument("--settle", type=float, default=3.0, help="seconds between runs, so the processes of the "
+                        "previous run have exited and Ray's worker pool has refilled before the next one")
+    parser.add_argument("--quick", action="store_true", help="500 steps, 2 rounds (1 with Ray Train)")
     parser.add_argument("--no-ray-train", action="store_true", help="skip Ray Train even if installed")
     parser.add_argument("--out", default=os.path.join(BENCH_DIR, "results", "trainer.json"))
     args = parser.parse_args(argv)
-    steps = 500 if args.quick else args.steps
+    steps, rounds = (500, 2) if args.quick else (args.steps, args.rounds)
+    args.ray_rounds = 1 if args.quick else args.ray_rounds
+    every = args.report_every
     storage = tempfile.mkdtemp(prefix="bench-trainer-")
     import logging
 
     logging.getLogger("ray").setLevel(logging.ERROR)
     from raytrain_nb._internal import cluster
 
-    print(f"bench_trainer: {WORLD} workers, {steps} steps, report every {args.report_every} "
+    print(f"bench_trainer: {WORLD} workers, {steps} steps, report every {every}, {rounds} interleaved rounds "
           f"(load average {os.getloadavg()[0]:.1f})", flush=True)
     t = time.perf_counter()
     cluster.connect()
     ray_init_s = time.perf_counter() - t
     print(f"  Ray started in {ray_init_s:.1f} s (not counted in any startup below)", flush=True)
-    r: Dict[str, Dict[str, float]] = {}
-    r["plain"] = plain_torch(steps)
-    _line("plain torch.multiprocessing + distributed", r["plain"])
-    r["ours_1"] = ours(steps, 0, storage)
-    _line("raytrain_nb TorchTrainer, first fit()", r["ours_1"])
-    r["ours_2"] = ours(steps, 0, storage)
-    _line("raytrain_nb TorchTrainer, second fit()", r["ours_2"])
-    r["ours_report"] = ours(steps, args.report_every, storage)
-    _line(f"raytrain_nb, report() every {args.report_every} steps", r["ours_report"])
-    r["plain_again"] = plain_torch(steps)
-    _line("plain torch (again, for the load drift)", r["plain_again"])
     skipped = "--no-ray-train" if args.no_ray_train else _have_ray_train()
+    variants: Dict[str, Callable[[], Dict[str, float]]] = {
+        "plain": lambda: plain_torch(steps),
+        "ours": lambda: ours(steps, 0, storage),
+        "ours_report": lambda: ours(steps, every, storage),
+    }
+    labels = {"plain": "plain torch.multiprocessing + distributed", "ours": "raytrain_nb TorchTrainer",
+              "ours_report": f"raytrain_nb, report() every {every} steps", "ray": "Ray Train TorchTrainer",
+              "ray_report": f"Ray Train, report() every {every} steps"}
     if skipped is None:
-        for key, every, label in (("ray_1", 0, "first fit()"), ("ray_2", 0, "second fit()"),
-                                  ("ray_report", args.report_every, f"report() every {args.report_every} steps")):
-            r[key] = ray_train(steps, every, storage)
-            _line(f"Ray Train TorchTrainer, {label}", r[key])
+        variants["ray"] = lambda: ray_train(steps, 0, storage)
+        variants["ray_report"] = lambda: ray_train(steps, every, storage)
     else:
         print(f"  Ray Train: skipped ({skipped}); pip install -c constraints.txt 'ray[train]==2.60.0' to compare",
               flush=True)
-    plain_sps = (r["plain"]["steps_per_s"] + r["plain_again"]["steps_per_s"]) / 2
+    runs: Dict[str, List[Dict[str, float]]] = {k: [] for k in variants}
+    for i in range(rounds):
+        order = list(variants.items())
+        for key, fn in (order if i % 2 == 0 else order[::-1]):  # A B C, then C B A: no variant always follows another
+            if key.startswith("ray") and i >= args.ray_rounds:
+                continue
+            time.sleep(args.settle)
+            runs[key].append(fn())
+            _line(f"{labels[key]} [{i + 1}]", runs[key][-1])
+    med = {k: {m: _median([r[m] for r in v]) for m in ("wall_s", "startup_s", "steps_per_s")} for k, v in runs.items()}
+    first, later = runs["ours"][0], runs["ours"][1:] + runs["ours_report"]
     figures = [
-        {"name": "steps/s vs plain torch.distributed", "value": r["ours_1"]["steps_per_s"] / plain_sps,
-         "target": ">= 0.95"},
-        {"name": f"steps/s with report() every {args.report_every} vs plain", "value":
-         r["ours_report"]["steps_per_s"] / plain_sps, "target": ">= 0.9"},
-        {"name": "startup of fit(), first (s)", "value": r["ours_1"]["startup_s"], "target": "info"},
-        {"name": "startup of fit(), second in the same process (s)", "value": r["ours_2"]["startup_s"],
-         "target": "info"},
-        {"name": "startup of plain mp.spawn (s)", "value": r["plain"]["startup_s"], "target": "info"},
+        {"name": "steps/s vs plain torch.distributed (median)", "value": med["ours"]["steps_per_s"] /
+         med["plain"]["steps_per_s"], "target": ">= 0.95"},
+        {"name": f"steps/s with report() every {every} vs plain (median)", "value":
+         med["ours_report"]["steps_per_s"] / med["plain"]["steps_per_s"], "target": ">= 0.9"},
+        {"name": "startup of the first fit() in the process (s)", "value": first["startup_s"], "target": "info"},
+        {"name": "startup of a later fit() in the process (s, median)",
+         "value": _median([r["startup_s"] for r in later]), "target": "info"},
+        {"name": "wall time of the first / a later fit() (s)", "value": first["wall_s"], "target": "info",
+         "note": f"later: {_median([r['wall_s'] for r in runs['ours'][1:]] or [float('nan')]):.1f} s"},
+        {"name": "startup of plain mp.spawn (s, median)", "value": med["plain"]["startup_s"], "target": "info"},
     ]
-    if "ray_1" in r:
+    if skipped is None:
+        ray_first, ray_later = runs["ray"][0], runs["ray"][1:] + runs["ray_report"]
         figures += [
-            {"name": "startup vs Ray Train's (first fit)", "value": r["ours_1"]["startup_s"] / r["ray_1"]["startup_s"],
-             "target": "<= 0.333"},
-            {"name": "startup vs Ray Train's (second fit)",
-             "value": r["ours_2"]["startup_s"] / r["ray_2"]["startup_s"], "target": "<= 0.333"},
-            {"name": "Ray Train steps/s vs plain", "value": r["ray_1"]["steps_per_s"] / plain_sps, "target": "info"},
-            {"name": f"Ray Train steps/s with report() every {args.report_every} vs plain",
-             "value": r["ray_report"]["steps_per_s"] / plain_sps, "target": "info"},
+            {"name": "startup vs Ray Train's, first fit()", "value": first["startup_s"] / ray_first["startup_s"],
+             "target": "<= 0.333", "note": f"Ray Train {ray_first['startup_s']:.1f} s"},
+            {"name": "startup vs Ray Train's, later fit() (median)", "value":
+             _median([r["startup_s"] for r in later]) / _median([r["startup_s"] for r in ray_later]),
+             "target": "<= 0.333", "note": f"Ray Train {_median([r['startup_s'] for r in ray_later]):.1f} s"},
+            {"name": "Ray Train steps/s vs plain (median)", "value": med["ray"]["steps_per_s"] /
+             med["plain"]["steps_per_s"], "target": "info"},
+            {"name": f"Ray Train steps/s, report() every {every}, vs plain", "value":
+             med["ray_report"]["steps_per_s"] / med["plain"]["steps_per_s"], "target": "info"},
         ]
     print("\n  figure                                                  value    target")
     for f in figures:
@@ -241,11 +267,12 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, Any]]:
         elif f["target"].startswith("<="):
             ok = "ok" if f["value"] <= float(f["target"][3:]) else "MISSED"
         f["status"] = ok or "info"
-        print(f"  {f['name']:<54} {f['value']:7.3f}   {f['target']:<8} {ok}")
+        print(f"  {f['name']:<54} {f['value']:7.3f}   {f['target']:<8} {ok}  {f.get('note', '')}")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as fh:
-        json.dump({"steps": steps, "report_every": args.report_every, "ray_init_s": ray_init_s, "runs": r,
-                   "figures": figures, "ray_train_skipped": skipped, "loadavg": os.getloadavg()}, fh, indent=1)
+        json.dump({"steps": steps, "rounds": rounds, "report_every": every, "ray_init_s": ray_init_s, "runs": runs,
+                   "medians": med, "figures": figures, "ray_train_skipped": skipped, "loadavg": os.getloadavg()},
+                  fh, indent=1)
     print(f"\n  written to {args.out}")
     return figures
 

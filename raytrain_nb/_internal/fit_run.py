@@ -172,7 +172,7 @@ class FitRun:
 
     def _notice(self, text: str) -> None:
         logger.info(text)
-        if self.progress is not None and self.progress.enabled:
+        if self.progress is not None and self.run_config.verbose != 0:
             self.progress.write(f"({self.t.name}) {text}\n")
 
     # -- the run -------------------------------------------------------------------------------
@@ -181,18 +181,18 @@ class FitRun:
         started = time.perf_counter()
         cluster.connect()
         verbose = self.run_config.verbose
-        group = self._start_group()
-        shown = verbose != 0 and _in_notebook() and _show_dashboard(group)
-        self.progress = ProgressLine(enabled=verbose != 0 and not shown, desc=self.t.name)
-        self.collector.listeners = [self.progress.on_report, self._after_report]
-        sink = TrainSink(self.progress)
-        self.timings["startup_s"] = time.perf_counter() - started
-        self.callbacks = CallbackRunner(self.run_config.callbacks or [], TrainRunContext(
-            self.t.name, group.run_storage.url, group.num_workers, self.t.train_loop_config))
-        self.callbacks.setup()
         failures = 0
         error: Optional[BaseException] = None
         try:
+            group = self._start_group()
+            shown = verbose != 0 and _in_notebook() and _show_dashboard(group)
+            self.progress = ProgressLine(enabled=verbose != 0 and not shown, desc=self.t.name)
+            self.collector.listeners = [self.progress.on_report, self._after_report]
+            sink = TrainSink(self.progress)
+            self.timings["startup_s"] = time.perf_counter() - started
+            self.callbacks = CallbackRunner(self.run_config.callbacks or [], TrainRunContext(
+                self.t.name, group.run_storage.url, group.num_workers, self.t.train_loop_config))
+            self.callbacks.setup()
             while True:
                 group = self.group
                 self._prepare_attempt(group)
@@ -219,7 +219,8 @@ class FitRun:
             self.timings["total_s"] = time.perf_counter() - started
             if self.callbacks is not None:
                 self.callbacks.teardown()
-            self.progress.close()
+            if self.progress is not None:
+                self.progress.close()
             if self.group is not None:
                 self.group.shutdown()
         return self._result(error)
@@ -280,26 +281,17 @@ class FitRun:
 
 
 def _show_dashboard(group: "WorkerGroup") -> bool:
-    """In a notebook: display the group's dashboard (``raytrain_nb.notebook.widgets``) if that module
-    exists; False (text progress instead) when it does not or cannot be shown."""
+    """In a Jupyter kernel whose UI mode is ``widgets``: show the group's dashboard (the notebook
+    layer, imported only here and only then); False means text progress instead (the dashboard
+    module is missing, or it could not be shown)."""
     try:
-        import importlib
-
-        widgets = importlib.import_module("raytrain_nb.notebook.widgets")
-    except Exception:  # noqa: BLE001 - not built yet, or ipywidgets missing
+        from ..notebook import ui  # the notebook layer: optional, imported lazily
+    except Exception:  # noqa: BLE001 - not installed or ipywidgets missing: text progress
         return False
     try:
-        from IPython.display import display
-
-        widget = group.dashboard() if callable(getattr(group, "dashboard", None)) else None
-        if widget is None:
-            maker = getattr(widgets, "Dashboard", None) or getattr(widgets, "dashboard", None)
-            widget = maker(group) if maker is not None else None
-        if widget is None:
+        if ui.ui_mode() != "widgets":
             return False
-        if not getattr(widget, "_rtnb_displayed", False):
-            display(widget)
-        return True
+        return ui.show(group, "widgets") is not None
     except Exception:  # noqa: BLE001 - the run goes on with text progress
         logger.warning("the dashboard could not be shown; showing text progress", exc_info=True)
         return False

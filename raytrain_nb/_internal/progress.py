@@ -117,6 +117,7 @@ class ProgressLine:
         self._first = None
 
     def rate(self, metrics: Dict[str, Any], now: float) -> str:
+        key = next((k for k in _STEP_KEYS if _step_of({k: metrics.get(k)}) is not None), None)
         step = _step_of(metrics)
         if self._first is None:
             self._first = (now, step, self.reports)
@@ -126,7 +127,8 @@ class ProgressLine:
         if elapsed <= 0:
             return ""
         if step is not None and s0 is not None and step > s0:
-            return f"{(step - s0) / elapsed:.1f} steps/s"
+            unit = {"step": "steps", "epoch": "epochs"}.get(key or "", "iterations")
+            return f"{(step - s0) / elapsed:.{1 if (step - s0) / elapsed >= 10 else 2}f} {unit}/s"
         return f"{(self.reports - r0) / elapsed:.2f} reports/s"
 
     def on_report(self, name: str, metrics_by_rank: List[Dict[str, Any]], records: List[Dict[str, Any]]) -> None:
@@ -134,7 +136,8 @@ class ProgressLine:
             return
         self.reports += 1
         now = time.time()
-        rate = self.rate(metrics_by_rank[0] if metrics_by_rank else {}, now)
+        when = records[0].get("time", now) if records else now  # when rank 0 reported, not when it arrived
+        rate = self.rate(metrics_by_rank[0] if metrics_by_rank else {}, when)
         text = summarize(metrics_by_rank)
         tail = f"{len(metrics_by_rank)} worker{'s' if len(metrics_by_rank) != 1 else ''}" + (f", {rate}" if rate else "")
         total = next((r.get("total") for r in records if r.get("total")), None)

@@ -30,6 +30,18 @@ from .train_loop import takes_config
 
 logger = logging.getLogger(__name__)
 
+# A script's first implicit ray.init() (e.g. ray.data.from_items) starts the quiet embedded instance.
+_autoinit_installed = False
+
+
+def _install_autoinit() -> None:
+    global _autoinit_installed
+    if not _autoinit_installed:
+        from .autoinit import install
+
+        install()
+        _autoinit_installed = True
+
 
 def _check_type(cls: str, field: str, value: Any, kind: type, hint: str) -> None:
     if value is not None and not isinstance(value, kind):
@@ -111,6 +123,7 @@ class DataParallelTrainer:
         from .fit_run import storage_path_for
 
         self.storage_path = storage_path_for(self.run_config)
+        _install_autoinit()
 
     def _resolve_backend(self) -> str:
         backend = self.backend_config.backend or self._default_backend
