@@ -9,8 +9,13 @@ import textwrap
 
 GPU_SCRIPT = textwrap.dedent("""
     import json, os, ray
-    ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False,
-             object_store_memory=80 * 1024 * 1024)
+    for attempt in range(3):  # a loaded machine sometimes times out a node's start: retry
+        try:
+            ray.init(address="local", num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False,
+                     object_store_memory=80 * 1024 * 1024)
+            break
+        except Exception:
+            ray.shutdown()
     from raytrain_nb import WorkerGroup, GroupError
     g = WorkerGroup(2, gpus_per_worker=1, backend="gloo")
     seen = g.execute(lambda: {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK", "RANK")}
@@ -22,7 +27,7 @@ GPU_SCRIPT = textwrap.dedent("""
     except GroupError as exc:
         more = str(exc)
     try:
-        WorkerGroup(1, gpus_per_worker=1, start_timeout_s=60)   # nccl on a machine without CUDA
+        WorkerGroup(1, gpus_per_worker=1, start_timeout_s=300)   # nccl on a machine without CUDA
         nccl = "no error"
     except GroupError as exc:
         nccl = str(exc)
@@ -42,7 +47,7 @@ ADDRESS_SCRIPT = textwrap.dedent("""
 """)
 
 
-def _run(script, env=None, timeout=240):
+def _run(script, env=None, timeout=600):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout,
                          env={**os.environ, **(env or {})})
     line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
