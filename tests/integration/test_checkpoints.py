@@ -95,15 +95,23 @@ def test_async_save_writes_the_state_at_the_call(g):
     assert all(same(r, b) for r, b in zip(state_by_rank(g), before))
 
 
+class StartedSink(CollectSink):
+    """Sets ``started`` at the cell's first output line."""
+
+    def __init__(self):
+        super().__init__()
+        self.started = threading.Event()
+
+    def stream(self, rank, name, text, label):
+        super().stream(rank, name, text, label)
+        self.started.set()
+
+
 def test_snapshot_mid_cell_is_taken_at_a_report(g, tmp_path):
     box = {}
-    started = threading.Event()
+    sink = StartedSink()
+    started = sink.started
     done_flag = tmp_path / "snapshot-taken"
-
-    class Sink(CollectSink):
-        def stream(self, rank, name, text, label):
-            super().stream(rank, name, text, label)
-            started.set()
 
     def take():
         started.wait(60)
@@ -115,7 +123,7 @@ def test_snapshot_mid_cell_is_taken_at_a_report(g, tmp_path):
     t = threading.Thread(target=take)
     t.start()
     g.run(f"import os, time\nprint('go', flush=True)\nwhile not os.path.exists({str(done_flag)!r}):\n"
-          "    time.sleep(0.05)\n    step += 1\n    train.report({'step': step})", sink=Sink())
+          "    time.sleep(0.05)\n    step += 1\n    train.report({'step': step})", sink=sink)
     t.join(60)
     quiet(g, "step = -1")
     g.rollback("mid-cell")
@@ -125,12 +133,8 @@ def test_snapshot_mid_cell_is_taken_at_a_report(g, tmp_path):
 
 def test_snapshot_mid_cell_without_report_fails_with_the_reason(g):
     errors = []
-    started = threading.Event()
-
-    class Sink(CollectSink):
-        def stream(self, rank, name, text, label):
-            super().stream(rank, name, text, label)
-            started.set()
+    sink = StartedSink()
+    started = sink.started
 
     def take():
         started.wait(60)
@@ -141,7 +145,7 @@ def test_snapshot_mid_cell_without_report_fails_with_the_reason(g):
 
     t = threading.Thread(target=take)
     t.start()
-    g.run("import time\nprint('go', flush=True)\ntime.sleep(4)", sink=Sink())
+    g.run("import time\nprint('go', flush=True)\ntime.sleep(4)", sink=sink)
     t.join(30)
     assert errors and "no report() came on every rank within 1 s" in errors[0]
     assert "never" not in [e.name for e in g.checkpoints()]
