@@ -9,6 +9,8 @@
     ``workload.py`` reporting every step (the worst case for the dashboard: ~20 records per
     rank per poll and a plot re-rendered every 0.75 s), in runs interleaved open/closed; a fresh
     dashboard per open run, closed after it. Target: median paired slowdown at most 3 %.
+7c. (diagnostic) the driver process's CPU during those runs, open minus closed, in % of one core:
+    steadier than 7b on a shared machine, and what the dashboard takes from training on 2 cores.
 
 Runs on its own (a Ray instance and a 2-worker group of its own), or through ``run(group)``
 from a suite that already has a group.
@@ -31,8 +33,8 @@ from common import RESULTS_DIR, Figure, fmt_stats, median_ci, section, single_th
 
 REPORTS = 120
 REPORT_EVERY_S = 0.15
-STEPS = 800
-ROUNDS = 6
+STEPS = 3000
+ROUNDS = 8
 
 LATENCY_CELL = """
 import time, raytrain_nb as train
@@ -89,19 +91,26 @@ def run_throughput(group: Any, steps: int = STEPS, rounds: int = ROUNDS) -> List
 
     def once(open_dashboard: bool) -> float:
         dash = Dashboard(group) if open_dashboard else None
+        while dash is not None and dash.renders == 0:  # open: it has drawn its (empty) plot, as on screen
+            threading.Event().wait(0.05)
+        c0, t0 = time.process_time(), time.perf_counter()
         try:
             group.run(cell, sink=CollectSink())
             renders = dash.renders if dash is not None else 0
         finally:
             if dash is not None:
                 dash.close()
+        driver_cpu[("open" if open_dashboard else "closed")].append(
+            100.0 * (time.process_time() - c0) / (time.perf_counter() - t0))
         if open_dashboard:
             renders_seen.append(renders)
         return steps / group.pull("elapsed", rank=0)
 
     renders_seen: List[int] = []
+    driver_cpu: Dict[str, List[float]] = {"open": [], "closed": []}  # driver process CPU, % of one core
     once(True), once(False)  # warm-up
     renders_seen.clear()
+    driver_cpu["open"].clear(), driver_cpu["closed"].clear()
     rates: Dict[str, List[float]] = {"open": [], "closed": []}
     for i in range(rounds):
         order = ("open", "closed") if i % 2 == 0 else ("closed", "open")
@@ -115,11 +124,18 @@ def run_throughput(group: Any, steps: int = STEPS, rounds: int = ROUNDS) -> List
     print(f"  dashboard closed: {fmt_stats(s_closed, 1, 'steps/s', 1)}")
     print(f"  slowdown (paired): {fmt_stats(s_slow, 1, '%', 2)}; 95% CI of the median {lo:.2f}..{hi:.2f} %")
     print(f"  plot renders per open run: {renders_seen}")
+    c_open, c_closed = stats(driver_cpu["open"]), stats(driver_cpu["closed"])
+    print(f"  driver CPU while training: open {fmt_stats(c_open, 1, '% of a core', 1)}; "
+          f"closed {fmt_stats(c_closed, 1, '% of a core', 1)}")
     return [
         Figure("7b", "DDP steps/s slowdown with the dashboard open", s_slow["median"], "%", "<", 3.0,
                spread=f"CI {lo:.2f}..{hi:.2f} %, IQR {s_slow['q1']:.2f}..{s_slow['q3']:.2f}, n={s_slow['n']}",
                note=f"open {s_open['median']:.0f} vs closed {s_closed['median']:.0f} steps/s",
                detail={"open": rates["open"], "closed": rates["closed"], "renders": renders_seen}),
+        Figure("7c", "diagnostic: driver CPU added by the dashboard", c_open["median"] - c_closed["median"],
+               "% of a core", "info", 3.0, spread=f"open {c_open['median']:.1f}, closed {c_closed['median']:.1f} "
+               "% of a core (the driver's polling and the dashboard, both on the training machine)",
+               detail=driver_cpu),
     ]
 
 

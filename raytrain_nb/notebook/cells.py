@@ -43,6 +43,7 @@ def wait_in_queue(group: Any) -> None:
         return
     pause = threading.Event()
     try:
+        print("raytrain_nb: queued behind the background cell (Ctrl-C gives up on this cell)", flush=True)
         while not bg.done():
             pause.wait(QUEUE_POLL_S)
     except KeyboardInterrupt:

@@ -81,12 +81,15 @@ class RankView:
         return 1, 1, f"step {done}" if self.step is not None else f"{done} reports"
 
     def rate_text(self) -> str:
-        return "" if self.rate is None else f"{self.rate:.3g} steps/s"
+        if self.rate is None:
+            return ""
+        return f"{self.rate:,.0f} steps/s" if self.rate >= 100 else f"{self.rate:.3g} steps/s"
 
-    def add(self, record: Dict[str, Any], total: Optional[int]) -> None:
+    def add(self, record: Dict[str, Any], total: Optional[int], count: int = 1) -> None:
+        """Take ``record``, the latest of ``count`` new reports of this rank."""
         metrics = record.get("metrics", {})
         self.metrics = dict(metrics)
-        self.reports += 1
+        self.reports += count
         step = next((_number(metrics[k]) for k in STEP_KEYS if k in metrics), None)
         self.step = step if step is not None else None
         if record.get("total") is not None:
@@ -122,9 +125,14 @@ class Series:
 
     def add(self, record: Dict[str, Any]) -> None:
         metrics = record.get("metrics", {})
-        values = {k: v for k, v in ((k, _number(v)) for k, v in metrics.items() if k not in STEP_KEYS)
-                  if v is not None}
-        raw = next((_number(metrics[k]) for k in STEP_KEYS if k in metrics), None)
+        values = {}
+        raw = None
+        for k, v in metrics.items():
+            if type(v) in (float, int) and v == v and v not in (math.inf, -math.inf):  # fast: plain finite numbers
+                if k in STEP_KEYS:
+                    raw = float(v) if raw is None else raw
+                else:
+                    values[k] = float(v)
         x = float(self.count) if raw is None else raw
         self.count += 1
         if self._cell_start and self._last_x is not None and x + self._offset <= self._last_x:
@@ -192,24 +200,27 @@ class DashboardModel:
 
     def add_records(self, records: Iterable[Dict[str, Any]]) -> List[int]:
         """Add reported metrics; returns the ranks whose rows changed."""
-        changed = []
+        by_rank: Dict[Any, List[Dict[str, Any]]] = {}
+        for rec in records:
+            by_rank.setdefault(rec.get("rank"), []).append(rec)
         with self.lock:
-            for rec in records:
-                rank = rec.get("rank")
+            for rank, recs in by_rank.items():
                 row = self.rows.get(rank)
                 if row is None:
                     row = self.rows[rank] = RankView(rank=rank)
-                row.add(rec, self.cell_total)
+                last = recs[-1]
+                if any(r.get("total") is not None for r in recs) and last.get("total") is None:
+                    last = dict(last, total=next(r["total"] for r in reversed(recs) if r.get("total") is not None))
+                row.add(last, self.cell_total, count=len(recs))  # a row shows the latest of a batch
                 series = self.series.setdefault(rank, Series(self.max_points))
-                series.add(rec)
-                for key, value in rec.get("metrics", {}).items():
+                for rec in recs:
+                    series.add(rec)
+                for key, value in last.get("metrics", {}).items():
                     if key not in STEP_KEYS and key not in self.metric_keys and _number(value) is not None:
                         self.metric_keys.append(key)
-                if rank not in changed:
-                    changed.append(rank)
-            if changed:
+            if by_rank:
                 self.version += 1
-        return changed
+        return list(by_rank)
 
     def default_metric(self) -> Optional[str]:
         with self.lock:

@@ -7,6 +7,7 @@ classes (``rtnb-rank-N``, ``rtnb-state-STATE``) so a browser test can find them.
 from __future__ import annotations
 
 import html
+import time
 from typing import List
 
 import ipywidgets as w
@@ -18,7 +19,10 @@ COLUMNS = (("rank", "44px"), ("node", "110px"), ("pid", "64px"), ("device", "58p
            ("progress", "180px"), ("done", "84px"), ("rate", "92px"), ("metrics", "340px"))
 BAR_STYLES = {"running": "info", "idle": "success", "failed": "warning", "dead": "danger",
               "unresponsive": "danger"}
+TEXT_INTERVAL_S = 0.5
 DEAD_BACKGROUND = "#fdecea"
+#: A long cause or metrics line stays one line (cut with an ellipsis); the tooltip has all of it.
+ONE_LINE = "display:block;white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
 
 
 def _cell(width: str, value: str = "") -> w.HTML:
@@ -58,14 +62,15 @@ class RowWidgets:
         self.box.add_class("rtnb-row")
         self.box.add_class(f"rtnb-rank-{rank}")
         self._state = ""
+        self._texts_at = 0.0
 
-    def update(self, view: RankView) -> None:
-        """Show ``view``; only the traits that changed are sent to the front end."""
-        self.node.value = html.escape(view.node)
-        self.pid.value = str(view.pid or "")
-        self.device.value = html.escape(view.device)
-        if view.state != self._state:
-            self._restyle(view.state)
+    def update(self, view: RankView, full: bool = True) -> None:
+        """Show ``view``; only the traits that changed are sent to the front end.
+
+        With ``full=False`` (a report, not a change of worker) only the progress bar moves, and
+        the text cells follow at most every ``TEXT_INTERVAL_S``: each cell update is a message to
+        the front end and CPU on the training machine.
+        """
         value, maximum, text = view.progress()
         with self.bar.hold_sync():
             if self.bar.max != maximum:
@@ -73,15 +78,25 @@ class RowWidgets:
                 self.bar.max = maximum
             self.bar.value = value
             self.bar.bar_style = BAR_STYLES.get(view.state, "") if view.total or view.state in GONE else "info"
+        now = time.monotonic()
+        if not full and now - self._texts_at < TEXT_INTERVAL_S:
+            return
+        self._texts_at = now
+        self.node.value = html.escape(view.node)
+        self.pid.value = str(view.pid or "")
+        self.device.value = html.escape(view.device)
+        if view.state != self._state:
+            self._restyle(view.state)
         self.done.value = text
         self.rate.value = view.rate_text()
         if view.state in GONE or (view.state == "failed" and view.error):
             cause = view.error or "the worker process is gone"
-            self.metrics.value = (f'<span style="color:#c62828" title="{html.escape(cause)}">'
-                                  f'{html.escape(cause[:120])}</span>')
+            self.metrics.value = (f'<span style="color:#c62828;{ONE_LINE}" title="{html.escape(cause)}">'
+                                  f'{html.escape(cause)}</span>')
         else:
             full = format_metrics(view.metrics, limit=10_000)
-            self.metrics.value = f'<span title="{html.escape(full)}">{html.escape(format_metrics(view.metrics))}</span>'
+            self.metrics.value = (f'<span style="{ONE_LINE}" title="{html.escape(full)}">'
+                                  f'{html.escape(format_metrics(view.metrics))}</span>')
 
     def _restyle(self, state: str) -> None:
         if self._state:

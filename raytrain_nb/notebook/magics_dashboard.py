@@ -40,7 +40,7 @@ class DashboardMagics(Magics):
             raise UsageError(str(exc)) from None
         if mode == "none":
             raise UsageError(f"{ui.UI_ENV}=none turns the dashboard off: unset it, or use %dist_status")
-        view = ui.show(group, mode)
+        ui.show(group, mode)
         if mode == "text":
             print(format_status(group.status()))
             print("raytrain_nb: a status line follows each report (the widget dashboard needs a Jupyter front end)")
@@ -65,7 +65,13 @@ class DashboardMagics(Magics):
         if bg is None:
             raise UsageError("no background cell has run: start one with %%distributed --background")
         try:
-            result = bg.wait()
+            try:
+                if not bg.done():
+                    print("raytrain_nb: waiting for the background cell (Ctrl-C interrupts it)", flush=True)
+                result = bg.wait()
+            except KeyboardInterrupt:  # came before wait() took over: do what it does
+                group.interrupt()
+                result = bg.wait()
         except GroupError as exc:
             raise UsageError(str(exc)) from None
         if result is not None:

@@ -107,5 +107,3 @@ class TextReporter:
                 if view.state != before and view.state in GONE:
                     cause = view.error or "the worker process is gone"
                     self._write(f"raytrain_nb [rank {rank}] {view.state}: {cause} (%dist_restart replaces it)")
-            if new.value == "shut down" and old.value != "shut down":
-                self._write(f"raytrain_nb: group {self.group.name} shut down")

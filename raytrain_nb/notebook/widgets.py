@@ -22,18 +22,12 @@ from typing import Any, Callable, Dict, List, Optional
 import ipywidgets as w
 
 from .clicks import click_guard
+from .dashboard_actions import ICONS, LABELS, STYLES, act, entry_label
 from .dashboard_model import BUTTONS, GONE, STATE_COLOURS, DashboardModel, Situation, button_states
 from .dashboard_rows import RowWidgets, header_row
 from .routing import current_parent
 
 logger = logging.getLogger(__name__)
-
-LABELS = {"checkpoint": "Checkpoint", "rollback": "Rollback", "restart": "Restart dead workers",
-          "rescale": "Rescale to", "interrupt": "Interrupt", "shutdown": "Shut down"}
-ICONS = {"checkpoint": "save", "rollback": "undo", "restart": "refresh", "rescale": "arrows-h",
-         "interrupt": "stop", "shutdown": "power-off"}
-STYLES = {"checkpoint": "primary", "rollback": "warning", "restart": "success", "rescale": "",
-          "interrupt": "", "shutdown": "danger"}
 
 _DASHBOARDS: "weakref.WeakKeyDictionary[Any, Dashboard]" = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
@@ -186,7 +180,7 @@ class Dashboard:
             for rank in changed:
                 row = self.rows.get(rank)
                 if row is not None:
-                    row.update(self.model.rows[rank])
+                    row.update(self.model.rows[rank], full=False)
         self._poke(checkpoints=any(r.get("checkpoint") for r in records))
 
     def _sync_workers(self) -> None:
@@ -290,26 +284,7 @@ class Dashboard:
             self._sync_workers()
 
     def _act(self, name: str) -> str:
-        g = self.group
-        if name == "checkpoint":
-            entry = g.checkpoint()
-            step = "" if entry.step is None else f" at step {entry.step}"
-            return f"saved {entry.name}{step} ({entry.size_bytes / 1e6:.1f} MB)"
-        if name == "rollback":
-            return str(g.rollback(self.checkpoint_list.value))
-        if name == "restart":
-            ranks = g.restart()
-            return f"restarted rank(s) {', '.join(map(str, ranks))}: state copied from a live peer"
-        if name == "rescale":
-            g.rescale(int(self.rescale_to.value))
-            return f"the group has {g.num_workers} workers"
-        if name == "interrupt":
-            states = [r.get("state") for r in g.interrupt()]
-            if states and all(st in ("idle", "finishing") for st in states):
-                return "nothing was interrupted: no rank was running user code (just starting or ending)"
-            return "interrupted every rank"
-        g.shutdown()
-        return "the group was shut down"
+        return act(self.group, name, checkpoint=self.checkpoint_list.value, workers=int(self.rescale_to.value))
 
     # -- checkpoints and the plot (timer thread) -----------------------------------------------------
 
@@ -322,13 +297,16 @@ class Dashboard:
             return
         with self._lock:
             self._entries = list(entries)
-            options = [(_entry_label(e), e.name) for e in reversed(self._entries)]
+            options = [(entry_label(e), e.name) for e in reversed(self._entries)]
             current = self.checkpoint_list.value
             names = [n for _, n in options]
-            if [o for o in self.checkpoint_list.options] != options:
+            known = {n for _, n in self.checkpoint_list.options}
+            if list(self.checkpoint_list.options) != options:
+                if any(n not in known for n in names) or current not in names:
+                    current = names[0] if names else None  # a new checkpoint: select it (newest first)
                 with self.checkpoint_list.hold_sync():
                     self.checkpoint_list.options = options
-                    self.checkpoint_list.value = current if current in names else (names[0] if names else None)
+                    self.checkpoint_list.value = current
             self._update_buttons()
 
     def _poke(self, checkpoints: bool = False) -> None:
@@ -351,6 +329,10 @@ class Dashboard:
                 if self._want_checkpoints:
                     self._want_checkpoints = False
                     self.refresh_checkpoints()
+                with self._lock:  # text cells held back by the throttle catch up
+                    for rank, row in list(self.rows.items()):
+                        if rank in self.model.rows:
+                            row.update(self.model.rows[rank], full=False)
                 if self._render_if_changed():
                     last = time.monotonic()
             except Exception:  # noqa: BLE001 - the timer must go on
@@ -393,15 +375,3 @@ class Dashboard:
                 except ValueError:
                     pass
 
-
-def _entry_label(e: Any) -> str:
-    from .dashboard_model import format_metrics
-
-    parts = [e.name, e.kind]
-    if e.step is not None:
-        parts.append(f"step {e.step}")
-    metrics = format_metrics(e.metrics or {}, limit=40)
-    if metrics:
-        parts.append(metrics)
-    parts.append(time.strftime("%H:%M:%S", time.localtime(e.time)))
-    return " · ".join(parts)

@@ -1,0 +1,110 @@
+"""A real JupyterLab server and a headless Chromium for end-to-end tests.
+
+The server runs from this interpreter's environment on 127.0.0.1 with a token, in a temporary
+root, with its own settings folder (the news toast off). Debian's Chromium is driven by
+Playwright; its browser downloads are never used.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Dict, Optional
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
+START_TIMEOUT_S = 90.0
+
+
+def missing() -> Optional[str]:
+    """Why the browser test cannot run here, or None."""
+    if not os.path.exists(CHROMIUM):
+        return f"{CHROMIUM} is missing: apt-get install -y chromium"
+    for module in ("playwright", "jupyterlab"):
+        try:
+            __import__(module)
+        except ImportError:
+            return f"python package {module} is missing: pip install -e '.[dev]'"
+    return None
+
+
+def _die_with_parent() -> None:
+    """In the server's process: get SIGTERM when the test process dies, even if it is killed."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LabServer:
+    """``jupyter lab`` in its own process group; :meth:`stop` ends it and its kernels."""
+
+    def __init__(self, root: Path, env: Optional[Dict[str, str]] = None) -> None:
+        self.root = root
+        self.token = secrets.token_hex(16)
+        self.port = _free_port()
+        settings = root.parent / "lab-settings"
+        notes = settings / "@jupyterlab" / "apputils-extension"
+        notes.mkdir(parents=True, exist_ok=True)
+        (notes / "notification.jupyterlab-settings").write_text(
+            json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+        full_env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(settings),
+                        JUPYTERLAB_WORKSPACES_DIR=str(root.parent / "lab-workspaces"), **(env or {}))
+        full_env.pop("JUPYTER_TOKEN", None)
+        self.log = open(root.parent / "jupyterlab.log", "w")
+        cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ip=127.0.0.1",
+               f"--port={self.port}", f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={root}"]
+        self.proc = subprocess.Popen(cmd, cwd=root, env=full_env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True, preexec_fn=_die_with_parent)
+        self._wait_ready()
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def url(self, notebook: str) -> str:
+        return f"{self.base}/lab/tree/{notebook}?token={self.token}"
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"jupyter lab exited with {self.proc.returncode}: see {self.log.name}")
+            try:
+                with urllib.request.urlopen(f"{self.base}/api/status?token={self.token}", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            try:  # a pause that also notices the server exiting
+                self.proc.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                pass
+        raise TimeoutError(f"jupyter lab did not answer within {START_TIMEOUT_S:g} s: see {self.log.name}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self.log.close()
+

@@ -1,0 +1,73 @@
+"""A stand-in for WorkerGroup with the observer API the dashboard uses (no Ray)."""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional
+
+from raytrain_nb._internal.errors import GroupError
+from raytrain_nb._internal.group import GroupState, WorkerStatus
+
+
+class FakeGroup:
+    """Workers, states and observers, stepped by hand; records the public calls made on it."""
+
+    def __init__(self, n: int = 2) -> None:
+        self.name = "run-fake"
+        self.backend = "gloo"
+        self.state = GroupState.IDLE
+        self.background: Optional[Any] = None
+        self.workers = [WorkerStatus(rank=r, node="10.0.0.1", pid=100 + r, device="cpu", state="idle",
+                                     last_metrics={}) for r in range(n)]
+        self.entries: List[Any] = []
+        self.calls: List[str] = []
+        self.fail: Dict[str, Exception] = {}
+        self._observers: List[Callable[..., None]] = []
+        self._metric_observers: List[Callable[..., None]] = []
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.workers)
+
+    def subscribe(self, cb: Callable[..., None]) -> None:
+        self._observers.append(cb)
+
+    def subscribe_metrics(self, cb: Callable[..., None]) -> None:
+        self._metric_observers.append(cb)
+
+    def status(self, ping: bool = True) -> List[WorkerStatus]:
+        return list(self.workers)
+
+    def set_state(self, new: GroupState, **worker_states: str) -> None:
+        for rank, st in worker_states.items():
+            self.workers[int(rank[1:])].state = st
+        old, self.state = self.state, new
+        for cb in self._observers:
+            cb(old, new)
+
+    def report(self, rank: int, metrics: Dict[str, Any], t: float, total: Optional[int] = None) -> None:
+        rec: Dict[str, Any] = {"rank": rank, "time": t, "metrics": metrics}
+        if total is not None:
+            rec["total"] = total
+        for cb in self._metric_observers:
+            cb([rec])
+
+    def checkpoints(self, kind: Optional[str] = None) -> List[Any]:
+        return list(self.entries)
+
+    def _call(self, name: str, result: Any = None) -> Any:
+        self.calls.append(name)
+        if name in self.fail:
+            raise self.fail[name]
+        return result
+
+    def interrupt(self) -> Any:
+        return self._call("interrupt", [])
+
+    def shutdown(self) -> None:
+        self._call("shutdown")
+        self.set_state(GroupState.SHUTDOWN)
+
+    def restart(self, from_checkpoint: Any = None) -> List[int]:
+        dead = [w.rank for w in self.workers if w.state == "dead"]
+        if not dead:
+            raise GroupError("no dead worker to restart")
+        return self._call("restart", dead)
