@@ -1,16 +1,16 @@
-"""Figure 7: the dashboard's cost and speed (``python bench/bench_dashboard.py [--quick]``).
+"""Section 9: the dashboard's cost and speed (``python bench/bench_dashboard.py [--quick]``).
 
-7a. Latency from ``report()`` on a worker to the dashboard's model changing: a ``--background``
+9a. Latency from ``report()`` on a worker to the dashboard's model changing: a ``--background``
     style cell reports ``{"step": i}`` every 150 ms on 2 workers (one report per driver poll);
     an observer on rank 0's and rank 1's ``IntProgress.value`` trait takes the time the value
     changed minus the record's own ``time`` (stamped in ``report()``; same machine, same clock).
     Target: median under 300 ms.
-7b. Training throughput with the dashboard open vs closed: the fixed DDP workload of
+9b. Training throughput with the dashboard open vs closed: the fixed DDP workload of
     ``workload.py`` reporting every step (the worst case for the dashboard: ~20 records per
-    rank per poll and a plot re-rendered every 0.75 s), in runs interleaved open/closed; a fresh
+    rank per poll and a plot re-rendered every second), in runs interleaved open/closed; a fresh
     dashboard per open run, closed after it. Target: median paired slowdown at most 3 %.
-7c. (diagnostic) the driver process's CPU during those runs, open minus closed, in % of one core:
-    steadier than 7b on a shared machine, and what the dashboard takes from training on 2 cores.
+9c. (diagnostic) the driver process's CPU during those runs, open minus closed, in % of one core:
+    steadier than 9b on a shared machine, and what the dashboard takes from training on 2 cores.
 
 Runs on its own (a Ray instance and a 2-worker group of its own), or through ``run(group)``
 from a suite that already has a group.
@@ -48,7 +48,7 @@ def run_latency(group: Any, reports: int = REPORTS) -> List[Figure]:
     from raytrain_nb._internal.output import CollectSink
     from raytrain_nb.notebook.widgets import Dashboard
 
-    section(f"7a. report() -> dashboard value changed, {reports} reports per rank every {REPORT_EVERY_S * 1e3:.0f} ms")
+    section(f"9a. report() -> dashboard value changed, {reports} reports per rank every {REPORT_EVERY_S * 1e3:.0f} ms")
     dash = Dashboard(group)
     lat: List[float] = []
     seen: Dict[int, int] = {}
@@ -74,7 +74,7 @@ def run_latency(group: Any, reports: int = REPORTS) -> List[Figure]:
     p95 = sorted(lat)[int(0.95 * (len(lat) - 1))] if lat else float("nan")
     print(f"  report -> IntProgress.value: {fmt_stats(s, 1e3, 'ms', 1)}; p95 {p95 * 1e3:.1f} ms")
     return [
-        Figure("7a", "report() -> dashboard value changed (median)", s["median"] * 1e3, "ms", "<", 300.0,
+        Figure("9a", "report() -> dashboard value changed (median)", s["median"] * 1e3, "ms", "<", 300.0,
                spread=f"IQR {s['q1'] * 1e3:.0f}-{s['q3'] * 1e3:.0f}, p95 {p95 * 1e3:.0f}, "
                       f"max {s['max'] * 1e3:.0f} ms, n={s['n']}", detail={"latencies_s": lat}),
     ]
@@ -85,7 +85,7 @@ def run_throughput(group: Any, steps: int = STEPS, rounds: int = ROUNDS) -> List
     from raytrain_nb.notebook.widgets import Dashboard
     from workload import loop_cell
 
-    section(f"7b. DDP steps/s, dashboard open vs closed, report() every step, {steps} steps x {rounds} rounds "
+    section(f"9b. DDP steps/s, dashboard open vs closed, report() every step, {steps} steps x {rounds} rounds "
             "(interleaved)")
     cell = loop_cell(steps, report=True)
 
@@ -128,29 +128,22 @@ def run_throughput(group: Any, steps: int = STEPS, rounds: int = ROUNDS) -> List
     print(f"  driver CPU while training: open {fmt_stats(c_open, 1, '% of a core', 1)}; "
           f"closed {fmt_stats(c_closed, 1, '% of a core', 1)}")
     return [
-        Figure("7b", "DDP steps/s slowdown with the dashboard open", s_slow["median"], "%", "<", 3.0,
+        Figure("9b", "DDP steps/s slowdown with the dashboard open", s_slow["median"], "%", "<", 3.0,
                spread=f"CI {lo:.2f}..{hi:.2f} %, IQR {s_slow['q1']:.2f}..{s_slow['q3']:.2f}, n={s_slow['n']}",
                note=f"open {s_open['median']:.0f} vs closed {s_closed['median']:.0f} steps/s",
                detail={"open": rates["open"], "closed": rates["closed"], "renders": renders_seen}),
-        Figure("7c", "diagnostic: driver CPU added by the dashboard", c_open["median"] - c_closed["median"],
+        Figure("9c", "diagnostic: driver CPU added by the dashboard", c_open["median"] - c_closed["median"],
                "% of a core", "info", 3.0, spread=f"open {c_open['median']:.1f}, closed {c_closed['median']:.1f} "
                "% of a core (the driver's polling and the dashboard, both on the training machine)",
                detail=driver_cpu),
     ]
 
 
-def run(group: Any, quick: bool = False) -> List[Figure]:
-    """Figures 7a and 7b on an existing group (the suite's)."""
-    return (run_latency(group, reports=40 if quick else REPORTS)
-            + run_throughput(group, steps=300 if quick else STEPS, rounds=2 if quick else ROUNDS))
-
-
-def main() -> int:
-    from common import summary_table
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
-    args = parser.parse_args()
+def run(group: Any = None, quick: bool = False) -> List[Figure]:
+    """Figures 9a-9c, on ``group`` (a suite's) or on a 2-worker gloo group of its own."""
+    if group is not None:
+        return (run_latency(group, reports=40 if quick else REPORTS)
+                + run_throughput(group, steps=300 if quick else STEPS, rounds=2 if quick else ROUNDS))
     single_thread()
     os.environ.setdefault("RAYTRAIN_NB_NUM_CPUS", "4")
     import torch
@@ -160,13 +153,22 @@ def main() -> int:
     from raytrain_nb._internal.output import CollectSink
     from workload import GROUP_SETUP
 
-    section("setup: Ray and a 2-worker gloo group")
-    group = WorkerGroup(2)
+    section("9. dashboard: report() to widget latency, training throughput with it open vs closed")
+    own = WorkerGroup(2)
     try:
-        group.run(GROUP_SETUP, sink=CollectSink())
-        figures = run(group, quick=args.quick)
+        own.run(GROUP_SETUP, sink=CollectSink())
+        return run(own, quick=quick)
     finally:
-        group.shutdown()
+        own.shutdown()
+
+
+def main() -> int:
+    from common import summary_table
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
+    args = parser.parse_args()
+    figures = run(quick=args.quick)
     section("summary")
     print(summary_table(figures))
     os.makedirs(RESULTS_DIR, exist_ok=True)

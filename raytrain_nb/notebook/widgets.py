@@ -67,7 +67,7 @@ class Dashboard:
         checkpoint_list: the ``Select`` of the run's checkpoints.
     """
 
-    def __init__(self, group: Any, *, plot_interval_s: float = 0.75, max_points: int = 4000) -> None:
+    def __init__(self, group: Any, *, plot_interval_s: float = 1.0, max_points: int = 4000) -> None:
         self.group = group
         self.model = DashboardModel(max_points=max_points)
         self.plot_interval_s = plot_interval_s
