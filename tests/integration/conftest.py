@@ -2,8 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from raytrain_nb import WorkerGroup
-from raytrain_nb._internal.output import CollectSink
+from ..groups import set_up_group
 
 SETUP = """
 import torch, raytrain_nb as train
@@ -26,10 +25,8 @@ PARAMS = "[p.detach().clone() for p in model.parameters()]"
 @pytest.fixture(scope="module")
 def group(ray_session):
     """A 2-worker gloo group with a DDP model, shared by a module's tests."""
-    g = WorkerGroup(2)
-    g.run(SETUP, sink=CollectSink())
-    yield g
-    g.shutdown()
+    with set_up_group(SETUP) as g:
+        yield g
 
 
 def rank_params(g):

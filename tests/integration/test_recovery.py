@@ -11,6 +11,7 @@ import pytest
 from raytrain_nb import WorkerError, WorkerGroup
 from raytrain_nb._internal.output import CollectSink
 
+from ..groups import set_up_group
 from .conftest import SETUP, STEP, rank_params
 
 BLOCK_RANK0_IN_BACKWARD = """
@@ -42,10 +43,8 @@ class EventSink(CollectSink):
 
 @pytest.fixture(scope="module")
 def ddp(ray_session):
-    g = WorkerGroup(2)
-    g.run(SETUP, sink=CollectSink())
-    yield g
-    g.shutdown()
+    with set_up_group(SETUP) as g:
+        yield g
 
 
 def assert_trains_identically(g):

@@ -13,9 +13,10 @@ import time
 import pytest
 import torch
 
-from raytrain_nb import WorkerGroup
 from raytrain_nb._internal.output import CollectSink
 from raytrain_nb.notebook.widgets import dashboard_for
+
+from ..groups import set_up_group
 
 pytestmark = pytest.mark.ray
 
@@ -52,10 +53,8 @@ def params(g):
 
 @pytest.fixture(scope="module")
 def group(ray_session):
-    g = WorkerGroup(2)
-    g.run(SETUP, sink=CollectSink())
-    yield g
-    g.shutdown()
+    with set_up_group(SETUP) as g:
+        yield g
 
 
 @pytest.fixture(scope="module")
