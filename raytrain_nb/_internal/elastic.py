@@ -27,6 +27,8 @@ import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
 from .errors import WorkerError
+from .placement import await_bundles, bundle_placed
+from .recovery import retire
 
 if TYPE_CHECKING:
     from .group import WorkerGroup
@@ -76,23 +78,15 @@ def _gone(group: "WorkerGroup") -> List[int]:
     return [r for r, s in enumerate(group._slots) if s.state in ("dead", "unresponsive")]
 
 
-def bundle_placed(pg: Any, index: int) -> bool:
-    """Whether bundle ``index`` of placement group ``pg`` is on a live node now."""
-    from ray.util.placement_group import placement_group_table
-
-    table = placement_group_table(pg)
-    return bool(table.get("bundles_to_node_id", {}).get(index))
-
-
 def _places_ready(group: "WorkerGroup", ranks: List[int], wait_s: float) -> bool:
-    """Wait up to ``wait_s`` for the bundles of ``ranks`` to be placed (a lost node's come back)."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        if all(bundle_placed(group._slots[r].pg, group._slots[r].bundle) for r in ranks):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.2)
+    """Whether the places of dead ``ranks`` can take new workers within ``wait_s``.
+
+    The dead workers are retired first (:func:`.recovery.retire`): until Ray declares a lost node
+    dead, its bundles still look placed.
+    """
+    slots = [group._slots[r] for r in ranks]
+    retire(slots)
+    return await_bundles([(s.pg, s.bundle) for s in slots], wait_s)
 
 
 def decide(group: "WorkerGroup", exc: WorkerError, scaling: "ScalingConfig") -> Decision:
@@ -143,15 +137,12 @@ def growth(group: "WorkerGroup", scaling: "ScalingConfig") -> int:
     room = scaling.max_workers - group.num_workers
     if not scaling.elastic or room <= 0:
         return 0
-    # group.rescale() fills the places of lost workers first, in order: count those placed again,
-    # and only when all are, the room the cluster has for more.
-    free_places = list(group._free)
-    placed = 0
-    for pg, bundle in free_places:
-        if not bundle_placed(pg, bundle):
-            return min(room, placed)
-        placed += 1
-    return min(room, placed + _fits(ray.available_resources(), group.config.bundle() or {"CPU": 0.001}))
+    # group.rescale() fills the places of lost workers that are placed again first. While one
+    # is still waiting for a node, free resources are not counted: Ray gives them to that place.
+    placed = [bundle_placed(pg, bundle) for pg, bundle in list(group._free)]
+    if not all(placed):
+        return min(room, sum(placed))
+    return min(room, len(placed) + _fits(ray.available_resources(), group.config.bundle() or {"CPU": 0.001}))
 
 
 def start_size(scaling: "ScalingConfig", bundle: Dict[str, float]) -> int:

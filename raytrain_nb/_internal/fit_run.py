@@ -27,6 +27,8 @@ logger = logging.getLogger(__name__)
 
 #: Seconds an elastic start waits for each size before trying one worker fewer.
 ELASTIC_START_WAIT_S = 5.0
+#: Recoveries tried after one failure (new workers can die while starting when a node is lost meanwhile).
+RECOVERY_TRIES = 3
 #: At most one growth check per this many seconds while the loop runs.
 GROWTH_CHECK_INTERVAL_S = 1.0
 
@@ -236,25 +238,34 @@ class FitRun:
             ensure_fresh(group)
 
     def _recover(self, exc: WorkerError, grow_to: Optional[int], why: str = "") -> None:
-        """Decide (or grow to ``grow_to``) and carry it out; a recovery that fails ends the run."""
-        group = self.group
-        try:
-            if grow_to is not None:
-                decision: elastic.Decision = elastic.Resize(grow_to, f"growing to {grow_to} workers")
-            else:
-                decision = elastic.decide(group, exc, self.scaling)
-                self._notice(f"{why}: {decision.reason}; the loop runs again from the newest checkpoint")
-            if isinstance(decision, elastic.Recreate):
-                group.run_storage.recover()
-                group.shutdown()
-                self.group = None
-                self._start_group()
-            else:
-                elastic.carry_out(group, decision)
-        except GroupError as err:
-            error = TrainingFailedError(f"fit() could not recover after a failure: {err}", exc)
-            error.result = self._result(error)
-            raise error from err
+        """Decide (or grow to ``grow_to``) and carry it out; a recovery that fails ends the run.
+
+        A recovery whose new workers die while starting (their node was lost meanwhile) is decided
+        again from the group's state, up to ``RECOVERY_TRIES`` times; missing resources end the run.
+        """
+        for attempt in range(1, RECOVERY_TRIES + 1):
+            group = self.group
+            try:
+                if grow_to is not None:
+                    decision: elastic.Decision = elastic.Resize(grow_to, f"growing to {grow_to} workers")
+                else:
+                    decision = elastic.decide(group, exc, self.scaling)
+                    self._notice(f"{why}: {decision.reason}; the loop runs again from the newest checkpoint")
+                if isinstance(decision, elastic.Recreate):
+                    group.run_storage.recover()
+                    group.shutdown()
+                    self.group = None
+                    self._start_group()
+                else:
+                    elastic.carry_out(group, decision)
+                return
+            except GroupError as err:
+                if isinstance(err, ResourceError) or attempt == RECOVERY_TRIES or self.group is None:
+                    error = TrainingFailedError(f"fit() could not recover after a failure: {err}", exc)
+                    error.result = self._result(error)
+                    raise error from err
+                self._notice(f"recovery failed ({err}); deciding again")
+                grow_to, why = None, why or "recovery"
 
     def _failed(self, exc: WorkerError, failures: int) -> TrainingFailedError:
         limit = self.run_config.max_failures

@@ -1,7 +1,9 @@
-"""Reserve resources for a group: feasibility check at once, then a placement group with a timeout."""
+"""Reserve resources for a group (feasibility check at once, then a placement group with a timeout),
+and tell when the places of dead workers can take new ones."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Dict, List
 
 from .config import GroupConfig
@@ -67,3 +69,59 @@ def reserve(config: GroupConfig, count: int, timeout_s: float) -> Any:
             "hold the rest: shut them down, or ask for fewer workers/resources"
         )
     return pg
+
+
+#: At most this long for Ray's control store to record a killed worker as dead. A worker whose
+#: node was lost is recorded only once Ray declares the node dead (health checks: 15-30 s with
+#: Ray's defaults); a process that died on a live node is recorded at once.
+DEATH_RECORD_WAIT_S = 60.0
+
+
+def _actor_state(actor: Any) -> str:
+    """Ray's control-store state of ``actor`` (ALIVE, DEAD, ...); "" when it cannot be read."""
+    from ray._private.state import state
+
+    try:
+        return state.actor_table(actor._actor_id.hex()).get("State", "")
+    except Exception:  # noqa: BLE001 - an unreadable table counts as unknown
+        logger.debug("cannot read the actor table", exc_info=True)
+        return ""
+
+
+def await_recorded_deaths(actors: List[Any], timeout_s: float = DEATH_RECORD_WAIT_S) -> bool:
+    """Wait until Ray records each of ``actors`` (already killed or dead) as DEAD.
+
+    Until then Ray may still count a lost node, and the placement-group bundles on it, as
+    alive: a worker started in such a bundle dies at once. True when every death is recorded.
+    """
+    deadline = time.monotonic() + timeout_s
+    waiting = list(actors)
+    while waiting:
+        waiting = [a for a in waiting if _actor_state(a) not in ("DEAD", "")]
+        if not waiting:
+            return True
+        if time.monotonic() >= deadline:
+            logger.warning("Ray has not recorded %d dead worker(s) as dead after %g s", len(waiting), timeout_s)
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def bundle_placed(pg: Any, index: int) -> bool:
+    """Whether bundle ``index`` of placement group ``pg`` is on a node Ray counts as alive now."""
+    import ray
+    from ray.util.placement_group import placement_group_table
+
+    node = placement_group_table(pg).get("bundles_to_node_id", {}).get(index)
+    return bool(node) and any(n.get("NodeID") == node and n.get("Alive") for n in ray.nodes())
+
+
+def await_bundles(places: List[Any], timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` for every ``(pg, bundle)`` in ``places`` to be placed on a live node."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if all(bundle_placed(pg, b) for pg, b in places):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)

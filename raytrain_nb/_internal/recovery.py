@@ -12,7 +12,7 @@ import logging
 from typing import TYPE_CHECKING, Any, List, Sequence
 
 from .errors import GroupError
-from .placement import check_cluster, reserve
+from .placement import await_bundles, await_recorded_deaths, bundle_placed, check_cluster, reserve
 
 if TYPE_CHECKING:
     from .group import WorkerGroup, _Slot
@@ -30,6 +30,19 @@ def _kill(slot: "_Slot") -> None:
         ray.kill(slot.actor, no_restart=True)
     except Exception:  # noqa: BLE001 - already gone
         pass
+
+
+def retire(slots: Sequence["_Slot"]) -> None:
+    """Kill the workers of ``slots`` so their places can take new ones.
+
+    The dead ones are first left to Ray to record as dead: a process that died on a live node is
+    recorded at once, one on a lost node only when Ray declares the node dead, and until then the
+    node's placement-group bundles still look usable (a worker started there dies at once). Killing
+    them ourselves would have Ray record them dead at once and hide that.
+    """
+    await_recorded_deaths([s.actor for s in slots if s.state == "dead"])
+    for slot in slots:
+        _kill(slot)
 
 
 def _prepare_new(group: "WorkerGroup", ranks: Sequence[int]) -> None:
@@ -60,6 +73,20 @@ def _survivor(group: "WorkerGroup", new: Sequence[int]) -> int:
     return live[0]
 
 
+def _await_places(group: "WorkerGroup", slots: Sequence["_Slot"], ranks: Sequence[int]) -> None:
+    """Before new workers go into the places of retired ones: wait for the places to be on live
+    nodes (Ray moves the bundles of a lost node where there is room).
+
+    Raises:
+        GroupError: a place did not come back within ``placement_timeout_s``, naming the ranks.
+    """
+    if not await_bundles([(s.pg, s.bundle) for s in slots], group.placement_timeout_s):
+        names = ", ".join(str(r) for r in ranks)
+        raise GroupError(f"the place of rank(s) {names} is gone (its node left the cluster) and no node took it "
+                         f"within {group.placement_timeout_s:g} s: continue with fewer workers "
+                         "(%dist_rescale N, group.rescale(n)), or add a node and restart again")
+
+
 def replace_ranks(group: "WorkerGroup", ranks: List[int]) -> None:
     """New actors in the places of ``ranks``; state from the lowest surviving rank."""
     from .group import GroupState
@@ -67,9 +94,12 @@ def replace_ranks(group: "WorkerGroup", ranks: List[int]) -> None:
     src = _survivor(group, ranks)
     group._set_state(GroupState.RECOVERING)
     try:
+        if len(ranks) > len(group._spares):  # new workers go into the old places: wait until usable
+            retire([group._slots[r] for r in ranks])
+            _await_places(group, [group._slots[r] for r in ranks[len(group._spares):]], ranks[len(group._spares):])
         for r in ranks:
             old = group._slots[r]
-            _kill(old)
+            _kill(old)  # retired already, unless spares take every place (no wait: spares are for speed)
             if group._spares:  # a standby worker, started and with torch imported
                 group._slots[r] = group._spares.pop(0)
                 group._spares.append(group._spawn(old.pg, old.bundle))  # refill in the background
@@ -108,20 +138,31 @@ def rescale(group: "WorkerGroup", num_workers: int) -> None:
     keep, drop = alive[:num_workers], alive[num_workers:] + [s for s in group._slots if s.state in _GONE]
     need = num_workers - len(keep)
     check_cluster(dataclasses.replace(group.config, num_workers=num_workers), num_workers)
-    extra_pg = None
+    extra_pg, extra_size = None, 0
     if need > len(drop) + len(group._free):  # reserve the rest before touching anything: fail fast
-        more = need - len(drop) - len(group._free)
-        extra_pg = reserve(dataclasses.replace(group.config, num_workers=more), more, group.placement_timeout_s)
+        extra_size = need - len(drop) - len(group._free)
+        extra_pg = reserve(dataclasses.replace(group.config, num_workers=extra_size), extra_size,
+                           group.placement_timeout_s)
         group._pgs.append(extra_pg)
     group._set_state(GroupState.RECOVERING)
     try:
+        if need:  # new workers go first into the places of dropped or lost ones that are still on live nodes
+            retire(drop)
         for slot in drop:
             _kill(slot)
             group._free.append((slot.pg, slot.bundle))
-        places = list(group._free[:need])
-        del group._free[:need]
-        if extra_pg is not None:
-            places += [(extra_pg, i) for i in range(need - len(places))]
+        places: List[Any] = []
+        if need:
+            places = [p for p in group._free if bundle_placed(*p)][:need]
+            for place in places:
+                group._free.remove(place)
+            if extra_pg is not None:
+                places += [(extra_pg, i) for i in range(min(need - len(places), extra_size))]
+            if len(places) < need:  # lost places: reserve new ones where the cluster has room
+                more = need - len(places)
+                pg = reserve(dataclasses.replace(group.config, num_workers=more), more, group.placement_timeout_s)
+                group._pgs.append(pg)
+                places += [(pg, i) for i in range(more)]
         new = [group._spawn(pg, bundle) for pg, bundle in places]
         group._slots = keep + new
         new_ranks = list(range(len(keep), num_workers))

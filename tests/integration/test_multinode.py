@@ -1,4 +1,5 @@
-"""Several Ray nodes on one machine (ray.cluster_utils.Cluster), in a subprocess apart from the shared instance."""
+"""Several Ray nodes on one machine (ray.cluster_utils.Cluster), in a subprocess apart from the shared instance:
+SPREAD placement, a lost node noticed, its rank restarted on the free node, then a rescale."""
 from __future__ import annotations
 
 import json
@@ -8,12 +9,14 @@ import sys
 import textwrap
 
 SCRIPT = textwrap.dedent("""
-    import json, threading, time
+    import json, os, signal, threading, time
     import ray
     from ray.cluster_utils import Cluster
+    # Ray declares a lost node dead after 10 missed health checks of 0.5 s: the loss (its worker killed
+    # with it) is noticed well before that, so the restart below starts while the node still looks alive
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 0, "object_store_memory": 80 * 1024 * 1024,
-        "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 4,
+        "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 10,
                            "health_check_initial_delay_ms": 0}})
     nodes = [cluster.add_node(num_cpus=1, object_store_memory=80 * 1024 * 1024) for _ in range(3)]
     ray.init(address=cluster.address, log_to_driver=False)
@@ -27,6 +30,7 @@ SCRIPT = textwrap.dedent("""
     out["node_ranks"] = g.execute(lambda: __import__("raytrain_nb").get_context().get_node_rank())
     out["nodes"] = [r.node for r in g.status()]
     out["node_ids"] = [s.info["node_id"] for s in g._slots]
+    out["pids"] = [s.info["pid"] for s in g._slots]
     victim = next(n for n in nodes if n.node_id == out["node_ids"][1])
 
     class Sink(CollectSink):
@@ -40,6 +44,10 @@ SCRIPT = textwrap.dedent("""
         sink.seen.wait(60)
         out["removed_at"] = time.monotonic()
         cluster.remove_node(victim, allow_graceful=False)
+        # A lost machine takes its processes with it; here only the node's raylet is killed and its worker
+        # would live on for a while: end it as the machine would (then the loss is noticed at once, before
+        # Ray's health checks declare the node dead)
+        os.kill(out["pids"][1], signal.SIGKILL)
     threading.Thread(target=remove, daemon=True).start()
     try:
         g.run("print('go', flush=True)\\nwhile True:\\n    loss = model(torch.randn(8, 4)).pow(2).mean()\\n"
@@ -47,6 +55,14 @@ SCRIPT = textwrap.dedent("""
     except WorkerError as exc:
         out["detected_after_s"] = time.monotonic() - out["removed_at"]
         out["error"] = str(exc)
+    # the lost node's place moves to the free third node: a restart waits for Ray to record the death
+    # (until then the lost node's bundle still looks placed) and starts the new rank 1 there
+    g.restart()
+    out["restarted_node"] = g._slots[1].info["node_id"]
+    out["victim_node"] = victim.node_id
+    out["spare_node"] = next(n.node_id for n in nodes if n.node_id not in out["node_ids"])
+    out["after_restart"] = g.run("loss = model(torch.randn(8, 4)).pow(2).mean()\\nloss.backward()\\n"
+                                 "train.get_context().get_world_size()", sink=CollectSink()).value
     g.rescale(1)
     g.run("for _ in range(3):\\n    loss = model(torch.randn(8, 4)).pow(2).mean()\\n"
           "    opt.zero_grad(); loss.backward(); opt.step(); step += 1", sink=CollectSink())
@@ -59,7 +75,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_spread_over_nodes_and_a_lost_node_is_survived_by_rescale(tmp_path):
+def test_spread_over_nodes_a_lost_node_restarted_elsewhere_then_rescale(tmp_path):
     env = {**os.environ, "RAYTRAIN_NB_STORAGE_PATH": str(tmp_path)}
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=400, env=env)
     line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
@@ -68,4 +84,5 @@ def test_spread_over_nodes_and_a_lost_node_is_survived_by_rescale(tmp_path):
     assert sorted(out["node_ranks"]) == [0, 1] and len(set(out["node_ids"])) == 2
     assert "[rank 1] WorkerDiedError" in out["error"] and "node" in out["error"]
     assert out["detected_after_s"] < 30
+    assert out["restarted_node"] == out["spare_node"] != out["victim_node"] and out["after_restart"] == "2"
     assert out["after"] == "(1, True)"

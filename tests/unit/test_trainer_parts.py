@@ -9,7 +9,7 @@ import types
 import pytest
 
 from raytrain_nb import Result, ScalingConfig
-from raytrain_nb._internal import elastic
+from raytrain_nb._internal import elastic, placement
 from raytrain_nb._internal.callbacks import (CallbackRunner, CSVLoggerCallback, JsonLoggerCallback,
                                              TensorBoardCallback, TrainRunContext, UserCallback)
 from raytrain_nb._internal.errors import RankFailure, ResourceError, WorkerError
@@ -20,7 +20,7 @@ class FakeGroup:
     """Just what elastic.decide/growth read: slots with a state and a placement (pg, bundle)."""
 
     def __init__(self, states, free=()):
-        self._slots = [types.SimpleNamespace(state=s, pg=f"pg{i}", bundle=i) for i, s in enumerate(states)]
+        self._slots = [types.SimpleNamespace(state=s, pg=f"pg{i}", bundle=i, actor=f"actor{i}") for i, s in enumerate(states)]
         self._free = list(free)
         self.config = types.SimpleNamespace(bundle=lambda: {"CPU": 1.0})
 
@@ -40,6 +40,9 @@ def _died(rank):
 def no_wait(monkeypatch):
     monkeypatch.setattr(elastic, "RESOURCE_WAIT_S", 0.0)
     monkeypatch.setattr(elastic, "FIXED_WAIT_S", 0.0)
+    retired = []
+    monkeypatch.setattr(elastic, "retire", lambda slots: retired.append([s.bundle for s in slots]))
+    return retired
 
 
 def test_decisions(no_wait, monkeypatch):
@@ -48,10 +51,11 @@ def test_decisions(no_wait, monkeypatch):
                                                                            collateral=True)])
     assert isinstance(elastic.decide(FakeGroup(["failed", "idle"]), raised, fixed), elastic.Retry)
     died = WorkerError([_died(1)])
-    monkeypatch.setattr(elastic, "bundle_placed", lambda pg, i: True)  # a killed process: its place is there
+    monkeypatch.setattr(placement, "bundle_placed", lambda pg, i: True)  # a killed process: its place is there
     decision = elastic.decide(FakeGroup(["idle", "dead"]), died, flexible)
     assert decision == elastic.Restart([1], decision.reason) and "resources are free" in decision.reason
-    monkeypatch.setattr(elastic, "bundle_placed", lambda pg, i: False)  # a lost node
+    assert no_wait == [[1]]  # the dead worker is retired before its place is looked at
+    monkeypatch.setattr(placement, "bundle_placed", lambda pg, i: False)  # a lost node
     decision = elastic.decide(FakeGroup(["idle", "dead", "idle"]), died, flexible)
     assert decision.num_workers == 2 and isinstance(decision, elastic.Resize)
     assert "continuing with 2 worker(s)" in decision.reason
@@ -62,6 +66,19 @@ def test_decisions(no_wait, monkeypatch):
     assert isinstance(elastic.decide(FakeGroup(["dead"]), WorkerError([_died(0)]), fixed), elastic.Recreate)
 
 
+def test_retire_lets_ray_record_deaths_before_killing(monkeypatch):
+    # until Ray records a worker on a lost node as dead, the node's bundles still look placed; our own
+    # kill would be recorded at once and hide that: so wait for the dead ones first, then kill them all
+    from raytrain_nb._internal import recovery
+
+    calls = []
+    monkeypatch.setattr(recovery, "await_recorded_deaths", lambda actors: calls.append(("await", list(actors))))
+    monkeypatch.setattr(recovery, "_kill", lambda slot: calls.append(("kill", slot.actor)))
+    slots = [types.SimpleNamespace(state=s, actor=f"a{i}") for i, s in enumerate(["dead", "unresponsive", "idle"])]
+    recovery.retire(slots)
+    assert calls == [("await", ["a0"]), ("kill", "a0"), ("kill", "a1"), ("kill", "a2")]
+
+
 def test_growth_fills_lost_places_first(monkeypatch):
     ray = types.ModuleType("ray")
     ray.available_resources = lambda: {"CPU": 5.0}
@@ -70,7 +87,8 @@ def test_growth_fills_lost_places_first(monkeypatch):
     monkeypatch.setattr(elastic, "bundle_placed", lambda pg, i: placed[(pg, i)])
     flexible = ScalingConfig(num_workers=(1, 4))
     group = FakeGroup(["idle"], free=[("pgA", 1), ("pgA", 2)])
-    assert elastic.growth(group, flexible) == 0  # the first lost place is not back: rescale would wait on it
+    # one lost place is back, one is not: free resources go to the missing place first, so only count the one
+    assert elastic.growth(group, flexible) == 1
     placed[("pgA", 1)] = True
     assert elastic.growth(group, flexible) == 3  # both places back, and room for one more (max 4)
     assert elastic.growth(group, ScalingConfig(num_workers=1)) == 0
