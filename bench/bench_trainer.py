@@ -277,5 +277,33 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, Any]]:
     return figures
 
 
+def run(quick: bool = False) -> List[Any]:
+    """Section 10 of ``bench/run_all.py``: :func:`main` in a fresh process (a Ray of its own, sized
+    for Ray Train's controller too), its figures returned as ``common.Figure``."""
+    import subprocess
+
+    if BENCH_DIR not in sys.path:
+        sys.path.insert(0, BENCH_DIR)
+    from common import RESULTS_DIR, Figure, section
+
+    section("10. script mode: fit() under raytrain_nb, plain torch.distributed and Ray Train (own process)")
+    out = os.path.join(RESULTS_DIR, "trainer.json")
+    env = {k: v for k, v in os.environ.items() if k != "RAYTRAIN_NB_NUM_CPUS"}  # sections before may size Ray
+    subprocess.run([sys.executable, os.path.abspath(__file__), "--out", out] + (["--quick"] if quick else []),
+                   env=env, check=True, timeout=3600)
+    with open(out) as fh:
+        raw = json.load(fh)["figures"]
+    figures = []
+    for i, f in enumerate(raw):
+        op, target = "info", 0.0
+        if f["target"] != "info":
+            op = ">=" if f["target"].startswith(">=") else "<"
+            target = float(f["target"][3:])
+        unit = "x" if op != "info" else ("s" if "(s" in f["name"] else "x")
+        figures.append(Figure(f"10{chr(ord('a') + i)}", f["name"], f["value"], unit, op, target,
+                              note=f.get("note", "")))
+    return figures
+
+
 if __name__ == "__main__":
     main()

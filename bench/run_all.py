@@ -134,7 +134,7 @@ def main() -> int:
     # 9 dashboard, 10 trainer.
     for number, module, kwargs in ((7, "bench_checkpoint", {"rounds": 3 if args.quick else 7}),
                                    (8, "bench_recovery", {"rounds": 1 if args.quick else 3}),
-                                   (9, "bench_dashboard", {"quick": args.quick}), (10, "bench_trainer", {})):
+                                   (9, "bench_dashboard", {"quick": args.quick}), (10, "bench_trainer", {"quick": args.quick})):
         if number in only and os.path.exists(os.path.join(BENCH_DIR, module + ".py")):
             attempt(module, lambda m=module, kw=kwargs: __import__(m).run(**kw))
 
