@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -140,7 +141,8 @@ def main() -> int:
 
     wall = time.perf_counter() - t0
     section(f"summary ({wall:.0f} s)")
-    figures.sort(key=lambda f: f.key)
+    # numbered sections in numeric order (2 before 10), then the lettered ones (c: checkpoints, r: recovery)
+    figures.sort(key=lambda f: (int(re.match(r"\d*", f.key).group() or 99), f.key))
     print(summary_table(figures))
     for e in errors:
         print(f"ERROR  {e}")
