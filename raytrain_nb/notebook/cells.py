@@ -70,22 +70,28 @@ def run_cell(group: Any, cell: str, args: Any, ranks: Any) -> Any:
             group.run(cell, sink=sink, **options)
         except GroupError as exc:
             raise UsageError(str(exc)) from None
+        finally:
+            sink.close()
         return sink.result()
     route = CellRoute()
+    bg_sink = BackgroundSink(route)
     try:
-        bg = group.run(cell, sink=BackgroundSink(route), background=True, **options)
+        bg = group.run(cell, sink=bg_sink, background=True, **options)
     except GroupError as exc:
         raise UsageError(str(exc)) from None
-    threading.Thread(target=_show_end, args=(bg, route), name="rtnb-background-end", daemon=True).start()
+    threading.Thread(target=_show_end, args=(bg, route, bg_sink), name="rtnb-background-end", daemon=True).start()
     print("raytrain_nb: running in the background (%dist_wait waits for it, %dist_interrupt stops it)")
     return None
 
 
-def _show_end(bg: Any, route: CellRoute) -> None:
+def _show_end(bg: Any, route: CellRoute, sink: NotebookSink) -> None:
     """When the background cell ends with an error, show it in the cell's own output area."""
     route.enter()
     try:
-        bg.wait()
+        try:
+            bg.wait()
+        finally:
+            sink.close()
     except WorkerError as exc:
         shell = route.shell
         if shell is not None and hasattr(shell, "showtraceback"):

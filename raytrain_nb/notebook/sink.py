@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from IPython.display import publish_display_data
 
 from .._internal.output import Labeller, OutputSink
+from .ratecap import RateCap
 
 
 class MimeBundle:
@@ -28,12 +29,25 @@ class NotebookSink(OutputSink):
 
     def __init__(self) -> None:
         self._label = Labeller()
+        self._cap = RateCap()
         self.values: List[Tuple[int, MimeBundle]] = []
 
     def stream(self, rank: int, name: str, text: str, label: bool) -> None:
         target = sys.stderr if name == "stderr" else sys.stdout
-        target.write(self._label(rank, name, text) if label else text)
-        target.flush()
+        shown, notice = self._cap.admit(self._label(rank, name, text) if label else text)
+        if notice:
+            sys.stderr.write(notice)
+            sys.stderr.flush()
+        if shown:
+            target.write(shown)
+            target.flush()
+
+    def close(self) -> None:
+        """The cell ended: say how much output was held back at its end, if any."""
+        notice = self._cap.flush()
+        if notice:
+            sys.stderr.write(notice)
+            sys.stderr.flush()
 
     def display(self, rank: int, data: Dict[str, Any], metadata: Dict[str, Any], label: bool) -> None:
         if label:
