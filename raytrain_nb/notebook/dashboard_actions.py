@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
-from .dashboard_model import format_metrics
+from .dashboard_model import format_metrics, n_workers
 
 LABELS = {"checkpoint": "Checkpoint", "rollback": "Rollback", "restart": "Restart dead workers",
           "rescale": "Rescale to", "interrupt": "Interrupt", "shutdown": "Shut down"}
@@ -38,7 +38,7 @@ def act(group: Any, name: str, checkpoint: Optional[str] = None, workers: int = 
         return f"restarted rank(s) {', '.join(map(str, ranks))}: state copied from a live peer"
     if name == "rescale":
         group.rescale(workers)
-        return f"the group has {group.num_workers} workers"
+        return f"the group has {n_workers(group.num_workers)}"
     if name == "interrupt":
         states = [r.get("state") for r in group.interrupt()]
         if states and all(st in ("idle", "finishing") for st in states):

@@ -34,6 +34,11 @@ def _number(value: Any) -> Optional[float]:
     return float(value) if math.isfinite(value) else None
 
 
+def n_workers(n: int) -> str:
+    """``1 worker``, ``2 workers``."""
+    return f"{n} worker" + ("" if n == 1 else "s")
+
+
 def format_metrics(metrics: Dict[str, Any], limit: int = 80) -> str:
     """``loss=0.1234 acc=0.91`` (the step is shown by the progress column), cut to ``limit``."""
     parts = []
@@ -313,9 +318,9 @@ def button_states(s: Situation) -> Dict[str, Tuple[bool, str]]:
     elif s.rescale_to < 1:
         out["rescale"] = (False, "give a number of workers of at least 1")
     elif s.rescale_to == s.num_workers and not s.gone:
-        out["rescale"] = (False, f"the group already has {s.num_workers} workers")
+        out["rescale"] = (False, f"the group already has {n_workers(s.num_workers)}")
     else:
-        out["rescale"] = (True, f"grow or shrink the group to {s.rescale_to} workers, keeping the warm state")
+        out["rescale"] = (True, f"grow or shrink the group to {n_workers(s.rescale_to)}, keeping the warm state")
     out["interrupt"] = ((True, "interrupt the background cell on every rank") if busy
                         else (False, "nothing is running"))
     out["shutdown"] = ((False, bg_why) if busy else (True, "stop the workers and free their resources"))

@@ -23,7 +23,7 @@ import ipywidgets as w
 
 from .clicks import click_guard
 from .dashboard_actions import ICONS, LABELS, STYLES, act, entry_label
-from .dashboard_model import BUTTONS, GONE, STATE_COLOURS, DashboardModel, Situation, button_states
+from .dashboard_model import BUTTONS, GONE, STATE_COLOURS, DashboardModel, Situation, button_states, n_workers
 from .dashboard_rows import RowWidgets, header_row
 from .routing import current_parent
 
@@ -232,7 +232,7 @@ class Dashboard:
         where = ""
         if g.state.value in ("running", "recovering"):
             where = " · foreground cell running" if self._foreground else " · background cell running"
-        self.title.value = (f"<b>raytrain_nb</b> · {html.escape(g.name)} · {g.num_workers} workers · "
+        self.title.value = (f"<b>raytrain_nb</b> · {html.escape(g.name)} · {n_workers(g.num_workers)} · "
                             f"{html.escape(str(g.backend))} · {_badge(g.state.value)}{where}")
 
     def _say(self, text: str, error: bool = False) -> None:

@@ -173,6 +173,24 @@ def test_killed_worker_turns_red_and_restart_turns_it_green(group, dash):
     group.run("x = 1", sink=CollectSink())  # the replaced worker runs cells
 
 
+def test_rescale_button_shrinks_and_grows_the_rows_and_the_group(group, dash):
+    b = dash.buttons
+    assert b["rescale"].disabled and "already has 2 workers" in b["rescale"].tooltip
+    dash.rescale_to.value = 1
+    assert not b["rescale"].disabled and "to 1 worker," in b["rescale"].tooltip
+    b["rescale"].click()
+    assert "the group has 1 worker" in dash.status.value, dash.status.value
+    assert group.num_workers == 1 and sorted(dash.rows) == [0] and len(dash.rows_box.children) == 2
+    assert " 1 worker · " in dash.title.value
+    dash.rescale_to.value = 2
+    b["rescale"].click()
+    assert "the group has 2 workers" in dash.status.value, dash.status.value
+    assert sorted(dash.rows) == [0, 1] and "rtnb-state-idle" in dash.rows[1].box._dom_classes
+    assert group.run("train.get_context().get_world_size()", sink=CollectSink()).value == "2"
+    assert all(torch.equal(a, b) for a, b in zip(*[[p.detach() for p in m.parameters()]
+                                                    for m in group.pull("model", rank=None)]))
+
+
 def test_shutdown_button_stops_the_group_and_the_dashboard(group, dash):
     dash.buttons["shutdown"].click()
     assert group.state.value == "shut down" and dash.closed
