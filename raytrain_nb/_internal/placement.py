@@ -94,12 +94,18 @@ def await_recorded_deaths(actors: List[Any], timeout_s: float = DEATH_RECORD_WAI
     Until then Ray may still count a lost node, and the placement-group bundles on it, as
     alive: a worker started in such a bundle dies at once. True when every death is recorded.
     """
-    deadline = time.monotonic() + timeout_s
+    start = time.monotonic()
+    deadline, said = start + timeout_s, False
     waiting = list(actors)
     while waiting:
         waiting = [a for a in waiting if _actor_state(a) not in ("DEAD", "")]
         if not waiting:
             return True
+        if not said and time.monotonic() - start > 1.0:  # say why nothing seems to happen
+            said = True
+            logger.warning("waiting for Ray to declare %d lost worker(s) dead before reusing their places: their "
+                           "node is probably gone (Ray's health checks take 15-30 s by default; at most %g s)",
+                           len(waiting), timeout_s)
         if time.monotonic() >= deadline:
             logger.warning("Ray has not recorded %d dead worker(s) as dead after %g s", len(waiting), timeout_s)
             return False
