@@ -162,7 +162,7 @@ class Line:
 class DashboardModel:
     """Everything the dashboard shows, updated from the group's observers (thread-safe)."""
 
-    def __init__(self, max_points: int = 4000, plot_points: int = 800) -> None:
+    def __init__(self, max_points: int = 4000, plot_points: int = 500) -> None:
         self.lock = threading.RLock()
         self.rows: Dict[int, RankView] = {}
         self.series: Dict[int, Series] = {}
