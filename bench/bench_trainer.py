@@ -132,6 +132,17 @@ def plain_torch(steps: int) -> Dict[str, float]:
     return {"wall_s": wall, "startup_s": out["t_first"] - t_call, "steps_per_s": out["steps_per_s"]}
 
 
+def _timed_fit(trainer: Any) -> Dict[str, float]:
+    """Wall time of ``trainer.fit()``, its startup (call to the first step, from the loop's ``t_first``)
+    and the steps/s the loop measured."""
+    t_call = time.time()
+    started = time.perf_counter()
+    result = trainer.fit()
+    wall = time.perf_counter() - started
+    m = result.metrics
+    return {"wall_s": wall, "startup_s": m["t_first"] - t_call, "steps_per_s": m["steps_per_s"]}
+
+
 def ours(steps: int, report_every: int, storage: str) -> Dict[str, float]:
     from raytrain_nb import RunConfig, ScalingConfig
     from raytrain_nb.torch import TorchTrainer
@@ -139,12 +150,7 @@ def ours(steps: int, report_every: int, storage: str) -> Dict[str, float]:
     trainer = TorchTrainer(raytrain_nb_loop, train_loop_config={"steps": steps, "report_every": report_every},
                            scaling_config=ScalingConfig(num_workers=WORLD),
                            run_config=RunConfig(storage_path=storage, verbose=0))
-    t_call = time.time()
-    started = time.perf_counter()
-    result = trainer.fit()
-    wall = time.perf_counter() - started
-    m = result.metrics
-    return {"wall_s": wall, "startup_s": m["t_first"] - t_call, "steps_per_s": m["steps_per_s"]}
+    return _timed_fit(trainer)
 
 
 def ray_train(steps: int, report_every: int, storage: str) -> Dict[str, float]:
@@ -154,12 +160,7 @@ def ray_train(steps: int, report_every: int, storage: str) -> Dict[str, float]:
     trainer = TorchTrainer(ray_train_loop, train_loop_config={"steps": steps, "report_every": report_every},
                            scaling_config=ScalingConfig(num_workers=WORLD),
                            run_config=RunConfig(storage_path=storage, name=f"bench-{time.time_ns()}"))
-    t_call = time.time()
-    started = time.perf_counter()
-    result = trainer.fit()
-    wall = time.perf_counter() - started
-    m = result.metrics
-    return {"wall_s": wall, "startup_s": m["t_first"] - t_call, "steps_per_s": m["steps_per_s"]}
+    return _timed_fit(trainer)
 
 
 def _have_ray_train() -> Optional[str]:

@@ -27,7 +27,7 @@ import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
 from .errors import WorkerError
-from .placement import await_bundles, bundle_placed
+from .placement import await_bundles, bundles_placed
 from .recovery import retire
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ def growth(group: "WorkerGroup", scaling: "ScalingConfig") -> int:
         return 0
     # group.rescale() fills the places of lost workers that are placed again first. While one
     # is still waiting for a node, free resources are not counted: Ray gives them to that place.
-    placed = [bundle_placed(pg, bundle) for pg, bundle in list(group._free)]
+    placed = bundles_placed(list(group._free))
     if not all(placed):
         return min(room, sum(placed))
     return min(room, len(placed) + _fits(ray.available_resources(), group.config.bundle() or {"CPU": 0.001}))

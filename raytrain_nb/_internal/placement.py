@@ -113,20 +113,31 @@ def await_recorded_deaths(actors: List[Any], timeout_s: float = DEATH_RECORD_WAI
     return True
 
 
-def bundle_placed(pg: Any, index: int) -> bool:
-    """Whether bundle ``index`` of placement group ``pg`` is on a node Ray counts as alive now."""
+def bundles_placed(places: List[Any]) -> List[bool]:
+    """For each ``(pg, bundle)`` of ``places``: is it on a node Ray counts as alive now?
+
+    One read of the node table, and one of each placement group's table, for all of them.
+    """
     import ray
     from ray.util.placement_group import placement_group_table
 
-    node = placement_group_table(pg).get("bundles_to_node_id", {}).get(index)
-    return bool(node) and any(n.get("NodeID") == node and n.get("Alive") for n in ray.nodes())
+    if not places:
+        return []
+    alive = {n.get("NodeID") for n in ray.nodes() if n.get("Alive")}
+    tables: Dict[Any, Dict[Any, Any]] = {}
+    out = []
+    for pg, index in places:
+        if pg.id not in tables:
+            tables[pg.id] = placement_group_table(pg).get("bundles_to_node_id", {})
+        out.append(tables[pg.id].get(index) in alive)
+    return out
 
 
 def await_bundles(places: List[Any], timeout_s: float) -> bool:
     """Wait up to ``timeout_s`` for every ``(pg, bundle)`` in ``places`` to be placed on a live node."""
     deadline = time.monotonic() + timeout_s
     while True:
-        if all(bundle_placed(pg, b) for pg, b in places):
+        if all(bundles_placed(places)):
             return True
         if time.monotonic() >= deadline:
             return False

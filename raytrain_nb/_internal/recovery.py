@@ -12,7 +12,7 @@ import logging
 from typing import TYPE_CHECKING, Any, List, Sequence
 
 from .errors import GroupError
-from .placement import await_bundles, await_recorded_deaths, bundle_placed, check_cluster, reserve
+from .placement import await_bundles, await_recorded_deaths, bundles_placed, check_cluster, reserve
 
 if TYPE_CHECKING:
     from .group import WorkerGroup, _Slot
@@ -97,9 +97,11 @@ def replace_ranks(group: "WorkerGroup", ranks: List[int]) -> None:
         if len(ranks) > len(group._spares):  # new workers go into the old places: wait until usable
             retire([group._slots[r] for r in ranks])
             _await_places(group, [group._slots[r] for r in ranks[len(group._spares):]], ranks[len(group._spares):])
+        else:  # spares take every place: no wait, spares are for speed
+            for r in ranks:
+                _kill(group._slots[r])
         for r in ranks:
             old = group._slots[r]
-            _kill(old)  # retired already, unless spares take every place (no wait: spares are for speed)
             if group._spares:  # a standby worker, started and with torch imported
                 group._slots[r] = group._spares.pop(0)
                 group._spares.append(group._spawn(old.pg, old.bundle))  # refill in the background
@@ -148,12 +150,13 @@ def rescale(group: "WorkerGroup", num_workers: int) -> None:
     try:
         if need:  # new workers go first into the places of dropped or lost ones that are still on live nodes
             retire(drop)
-        for slot in drop:
-            _kill(slot)
-            group._free.append((slot.pg, slot.bundle))
+        else:
+            for slot in drop:
+                _kill(slot)
+        group._free.extend((slot.pg, slot.bundle) for slot in drop)
         places: List[Any] = []
         if need:
-            places = [p for p in group._free if bundle_placed(*p)][:need]
+            places = [p for p, ok in zip(group._free, bundles_placed(group._free)) if ok][:need]
             for place in places:
                 group._free.remove(place)
             if extra_pg is not None:

@@ -51,11 +51,11 @@ def test_decisions(no_wait, monkeypatch):
                                                                            collateral=True)])
     assert isinstance(elastic.decide(FakeGroup(["failed", "idle"]), raised, fixed), elastic.Retry)
     died = WorkerError([_died(1)])
-    monkeypatch.setattr(placement, "bundle_placed", lambda pg, i: True)  # a killed process: its place is there
+    monkeypatch.setattr(placement, "bundles_placed", lambda places: [True] * len(places))  # a killed process: its place is there
     decision = elastic.decide(FakeGroup(["idle", "dead"]), died, flexible)
     assert decision == elastic.Restart([1], decision.reason) and "resources are free" in decision.reason
     assert no_wait == [[1]]  # the dead worker is retired before its place is looked at
-    monkeypatch.setattr(placement, "bundle_placed", lambda pg, i: False)  # a lost node
+    monkeypatch.setattr(placement, "bundles_placed", lambda places: [False] * len(places))  # a lost node
     decision = elastic.decide(FakeGroup(["idle", "dead", "idle"]), died, flexible)
     assert decision.num_workers == 2 and isinstance(decision, elastic.Resize)
     assert "continuing with 2 worker(s)" in decision.reason
@@ -84,7 +84,7 @@ def test_growth_fills_lost_places_first(monkeypatch):
     ray.available_resources = lambda: {"CPU": 5.0}
     monkeypatch.setitem(sys.modules, "ray", ray)
     placed = {("pgA", 1): False, ("pgA", 2): True}
-    monkeypatch.setattr(elastic, "bundle_placed", lambda pg, i: placed[(pg, i)])
+    monkeypatch.setattr(elastic, "bundles_placed", lambda places: [placed[p] for p in places])
     flexible = ScalingConfig(num_workers=(1, 4))
     group = FakeGroup(["idle"], free=[("pgA", 1), ("pgA", 2)])
     # one lost place is back, one is not: free resources go to the missing place first, so only count the one
