@@ -46,7 +46,7 @@ for _i in range({n}):
 
 def run_latency(group: Any, reports: int = REPORTS) -> List[Figure]:
     from raytrain_nb._internal.output import CollectSink
-    from raytrain_nb.notebook.widgets import Dashboard
+    from raytrain_nb.notebook.dashboard.view import Dashboard
 
     section(f"9a. report() -> dashboard value changed, {reports} reports per rank every {REPORT_EVERY_S * 1e3:.0f} ms")
     dash = Dashboard(group)
@@ -82,7 +82,7 @@ def run_latency(group: Any, reports: int = REPORTS) -> List[Figure]:
 
 def run_throughput(group: Any, steps: int = STEPS, rounds: int = ROUNDS) -> List[Figure]:
     from raytrain_nb._internal.output import CollectSink
-    from raytrain_nb.notebook.widgets import Dashboard
+    from raytrain_nb.notebook.dashboard.view import Dashboard
     from workload import loop_cell
 
     section(f"9b. DDP steps/s, dashboard open vs closed, report() every step, {steps} steps x {rounds} rounds "

@@ -129,7 +129,7 @@ def _ratio_figure(key: str, label: str, target: float, r: Dict[str, float], note
 def _slow_poll_run(group: Any, source: str, roles: Dict[int, str], interval: float) -> Dict[str, Any]:
     """A group run with the driver's output/metrics poll every ``interval`` s (diagnostic only:
     patches the module constant for this run, restores it after)."""
-    from raytrain_nb._internal import group as group_mod
+    from raytrain_nb._internal.group import timing as group_mod
 
     old = group_mod.POLL_INTERVAL_S
     group_mod.POLL_INTERVAL_S = interval
@@ -172,7 +172,7 @@ def run(group: Any, steps: int = STEPS, rounds: int = ROUNDS) -> List[Figure]:
     }
     if niced is not None:
         variants["torch@nice"] = lambda: niced.run(plain_cell)
-    from raytrain_nb._internal import group as group_mod
+    from raytrain_nb._internal.group import timing as group_mod
 
     if hasattr(group_mod, "POLL_INTERVAL_S"):
         print(f"  diagnostic variant 'group@poll{SLOW_POLL_S:g}s': the driver polls output every {SLOW_POLL_S:g} s "

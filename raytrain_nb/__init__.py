@@ -13,16 +13,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._internal.session import TrainContext, get_checkpoint, get_context, get_dataset_shard, report
+from ._internal.worker.session import TrainContext, get_checkpoint, get_context, get_dataset_shard, report
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "WorkerGroup": ("._internal.group", "WorkerGroup"),
-    "active_group": ("._internal.group", "active_group"),
-    "GroupState": ("._internal.group", "GroupState"),
-    "WorkerStatus": ("._internal.group", "WorkerStatus"),
-    "CellResult": ("._internal.group", "CellResult"),
+    "WorkerGroup": ("._internal.group.group", "WorkerGroup"),
+    "active_group": ("._internal.group.group", "active_group"),
+    "GroupState": ("._internal.group.state", "GroupState"),
+    "WorkerStatus": ("._internal.group.types", "WorkerStatus"),
+    "CellResult": ("._internal.group.types", "CellResult"),
     "OutputSink": ("._internal.output", "OutputSink"),
     "RaytrainNbError": ("._internal.errors", "RaytrainNbError"),
     "GroupError": ("._internal.errors", "GroupError"),
@@ -30,25 +30,25 @@ _LAZY = {
     "WorkerError": ("._internal.errors", "WorkerError"),
     "StorageError": ("._internal.errors", "StorageError"),
     "CheckpointError": ("._internal.errors", "CheckpointError"),
-    "Checkpoint": ("._internal.checkpoint", "Checkpoint"),
-    "CheckpointManager": ("._internal.checkpoint_manager", "CheckpointManager"),
+    "Checkpoint": ("._internal.checkpoint.checkpoint", "Checkpoint"),
+    "CheckpointManager": ("._internal.checkpoint.manager", "CheckpointManager"),
     # script mode (Ray Train's names)
-    "ScalingConfig": ("._internal.train_config", "ScalingConfig"),
-    "RunConfig": ("._internal.train_config", "RunConfig"),
-    "FailureConfig": ("._internal.train_config", "FailureConfig"),
-    "CheckpointConfig": ("._internal.train_config", "CheckpointConfig"),
-    "DataConfig": ("._internal.train_config", "DataConfig"),
-    "BackendConfig": ("._internal.train_config", "BackendConfig"),
-    "ConfigError": ("._internal.train_config", "ConfigError"),
-    "DataParallelTrainer": ("._internal.trainer", "DataParallelTrainer"),
-    "Result": ("._internal.result", "Result"),
-    "TrainingFailedError": ("._internal.result", "TrainingFailedError"),
-    "UserCallback": ("._internal.callbacks", "UserCallback"),
-    "TrainRunContext": ("._internal.callbacks", "TrainRunContext"),
-    "JsonLoggerCallback": ("._internal.callbacks", "JsonLoggerCallback"),
-    "CSVLoggerCallback": ("._internal.callbacks", "CSVLoggerCallback"),
-    "TensorBoardCallback": ("._internal.callbacks", "TensorBoardCallback"),
-    "TBXLoggerCallback": ("._internal.callbacks", "TBXLoggerCallback"),
+    "ScalingConfig": ("._internal.train.config", "ScalingConfig"),
+    "RunConfig": ("._internal.train.config", "RunConfig"),
+    "FailureConfig": ("._internal.train.config", "FailureConfig"),
+    "CheckpointConfig": ("._internal.train.config", "CheckpointConfig"),
+    "DataConfig": ("._internal.train.config", "DataConfig"),
+    "BackendConfig": ("._internal.train.config", "BackendConfig"),
+    "ConfigError": ("._internal.errors", "ConfigError"),
+    "DataParallelTrainer": ("._internal.train.trainer", "DataParallelTrainer"),
+    "Result": ("._internal.train.result", "Result"),
+    "TrainingFailedError": ("._internal.errors", "TrainingFailedError"),
+    "UserCallback": ("._internal.train.callbacks", "UserCallback"),
+    "TrainRunContext": ("._internal.train.callbacks", "TrainRunContext"),
+    "JsonLoggerCallback": ("._internal.train.callbacks", "JsonLoggerCallback"),
+    "CSVLoggerCallback": ("._internal.train.callbacks", "CSVLoggerCallback"),
+    "TensorBoardCallback": ("._internal.train.callbacks", "TensorBoardCallback"),
+    "TBXLoggerCallback": ("._internal.train.callbacks", "TBXLoggerCallback"),
 }
 
 __all__ = ["TrainContext", "get_checkpoint", "get_context", "get_dataset_shard", "report",
@@ -56,7 +56,7 @@ __all__ = ["TrainContext", "get_checkpoint", "get_context", "get_dataset_shard",
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
+    if name in _LAZY:  # import raytrain_nb stays light: Ray and torch load with the names that need them
         import importlib
 
         module, attr = _LAZY[name]
@@ -68,12 +68,13 @@ def __getattr__(name: str) -> Any:
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext raytrain_nb``: register the magics."""
-    from .notebook.magics import load_ipython_extension as _load
+    from .notebook.extension import load_ipython_extension as load  # IPython: only inside a kernel
 
-    _load(ipython)
+    load(ipython)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    from .notebook.magics import unload_ipython_extension as _unload
+    """``%unload_ext raytrain_nb``."""
+    from .notebook.extension import unload_ipython_extension as unload  # IPython: only inside a kernel
 
-    _unload(ipython)
+    unload(ipython)

@@ -1,10 +1,10 @@
 """PyTorch helpers and the trainer, mirroring ``ray.train.torch``."""
-from ._internal.torch_compat import backward, enable_reproducibility, get_devices, prepare_optimizer
-from ._internal.torch_utils import get_device, prepare_data_loader, prepare_model
-from ._internal.train_config import TorchConfig
-from ._internal.trainer import TorchTrainer, _install_autoinit
+from ._internal.worker.torch_compat import backward, enable_reproducibility, get_devices, prepare_optimizer
+from ._internal.worker.torch_utils import get_device, prepare_data_loader, prepare_model
+from ._internal.train.config import TorchConfig
+from ._internal.train.trainer import TorchTrainer, install_autoinit
 
-_install_autoinit()  # Ray's implicit ray.init() in a script starts the quiet embedded instance
+install_autoinit()  # Ray's implicit ray.init() in a script starts the quiet embedded instance
 
 __all__ = ["TorchConfig", "TorchTrainer", "backward", "enable_reproducibility", "get_device", "get_devices",
            "prepare_data_loader", "prepare_model", "prepare_optimizer"]

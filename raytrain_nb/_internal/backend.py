@@ -15,7 +15,7 @@ import os
 import socket
 import threading
 import weakref
-from typing import Any, Dict, Optional, Sequence, Set
+from typing import Any, Callable, Dict, Optional, Set
 
 logger = logging.getLogger(__name__)
 
@@ -171,15 +171,12 @@ class ProcessGroupState:
             self._sockets = {}
 
     def join(self, backend: str, master_addr: str, master_port: int, rank: int, world_size: int,
-             namespace: Optional[Dict[str, Any]] = None, src: int = 0, fresh: bool = False,
-             rank_specific: Sequence[str] = ()) -> int:
+             sync: Optional[Callable[[], Any]] = None) -> int:
         """Leave any old process group, form the new one, and bring this rank's state in line.
 
-        After the group forms, the replicated state of ``namespace`` (modules,
-        optimizers, schedulers, grad scalers; plain variables a fresh rank
-        lacks) is broadcast from rank ``src``; DDP wrappers made by
-        ``prepare_model`` are re-bound in place and samplers made by
-        ``prepare_data_loader`` re-sharded for the new world size. Returns the
+        After the group forms, ``sync()`` runs (the worker broadcasts its replicated state from a
+        source rank there); then DDP wrappers made by ``prepare_model`` are re-bound in place and
+        samplers made by ``prepare_data_loader`` re-sharded for the new world size. Returns the
         number of DDP wrappers re-bound.
         """
         self.destroy()
@@ -187,10 +184,8 @@ class ProcessGroupState:
         self.init(backend, master_addr, master_port, rank, world_size)
         if backend == "none":
             return 0
-        if namespace is not None:
-            from .replicate import sync_replicated
-
-            sync_replicated(namespace, src=src, fresh=fresh, rank_specific=rank_specific)
+        if sync is not None:
+            sync()
         self.reshard(rank, world_size)
         return self.rewrap_all()
 

@@ -8,7 +8,7 @@ stack (IPython calls ``_render_traceback_``).
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 #: Error-message fragments of a collective that failed because a peer went away.
 _COLLECTIVE_MARKERS = (
@@ -35,6 +35,10 @@ class GroupError(RaytrainNbError):
     """The worker group cannot do what was asked (wrong state, bad argument)."""
 
 
+class TransitionError(GroupError):
+    """A group was asked to change state in a way its state machine does not allow (a bug)."""
+
+
 class ResourceError(GroupError):
     """The cluster cannot place what was asked."""
 
@@ -53,6 +57,41 @@ class StorageError(RaytrainNbError):
 
 class CheckpointError(StorageError):
     """A checkpoint or the run's checkpoint index is missing, unknown or damaged."""
+
+
+class ConfigError(RaytrainNbError, ValueError):
+    """A trainer argument or config field has a bad value, or cannot be honoured here."""
+
+
+class SnapshotError(RaytrainNbError):
+    """The namespace cannot be snapshot or rolled back as asked."""
+
+
+class TrainingFailedError(RaytrainNbError):
+    """``fit()`` failed: the loop raised (or a worker died) more often than ``max_failures`` allowed.
+
+    Attributes:
+        error: the last :class:`WorkerError` (``.failures``: rank, type, message, traceback).
+        worker_failures: rank -> ``"Type: message"`` of the last attempt.
+        result: the :class:`Result` so far (path, metrics, checkpoint), with ``error`` set.
+        failures: how many attempts failed.
+    """
+
+    def __init__(self, message: str, error: Optional[BaseException] = None, failures: int = 0,
+                 result: Optional[Any] = None) -> None:
+        super().__init__(message)
+        self.error = error
+        self.failures = failures
+        self.result = result
+        self.worker_failures: Dict[int, str] = {}
+        if isinstance(error, WorkerError):
+            self.worker_failures = {f.rank: f"{f.type_name}: {f.message}" for f in error.failures}
+
+    def __reduce__(self):
+        return (TrainingFailedError, (self.args[0], self.error, self.failures, self.result))
+
+    def _render_traceback_(self) -> List[str]:  # IPython: the worker's traceback, not our stack
+        return str(self).splitlines()
 
 
 @dataclasses.dataclass
@@ -93,7 +132,7 @@ def format_ranks(ranks: Sequence[int]) -> str:
     return "rank " + ", ".join(str(r) for r in sorted(ranks))
 
 
-def _cut(text: str, limit: int = _MAX_TRACEBACK_LINES) -> str:
+def cut_lines(text: str, limit: int = _MAX_TRACEBACK_LINES) -> str:
     lines = text.rstrip("\n").splitlines()
     if len(lines) <= limit:
         return "\n".join(lines)
@@ -154,7 +193,7 @@ class WorkerError(RaytrainNbError):
             header = f"[{format_ranks(ranks)}]"
             if f.node:
                 header += f" on node {f.node}"
-            body = _cut(f.traceback) if f.traceback else f"{f.type_name}: {f.message}"
+            body = cut_lines(f.traceback) if f.traceback else f"{f.type_name}: {f.message}"
             out.append(f"{header}\n{body}")
         if any(f.type_name in _DEATHS for f in self.failures):
             out.append("Recover with %dist_restart (replace the dead ranks; state copied from a live peer), "

@@ -15,30 +15,15 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from .._internal.errors import GroupError
-from .._internal.group import GroupState, WorkerGroup, active_group
-from .._internal.status import format_status
+from .._internal.group.group import WorkerGroup, active_group
+from .._internal.group.tables import format_status
+from .magic_args import need_group, parse_ranks
 
 logger = logging.getLogger(__name__)
 
 _SHAPING = (("workers", "num_workers"), ("cpus", "cpus_per_worker"), ("gpus", "gpus_per_worker"),
             ("backend", "backend"), ("address", "address"), ("spares", "spares"), ("storage", "storage_path"),
             ("name", "name"))
-
-
-def _ranks(text: Optional[str]) -> Optional[List[int]]:
-    if not text:
-        return None
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise UsageError(f"--ranks {text!r} is not a list of ranks: write e.g. --ranks 0,2") from None
-
-
-def _need_group() -> WorkerGroup:
-    group = active_group()
-    if group is None or group.state is GroupState.SHUTDOWN:
-        raise UsageError("no distributed group yet: run a %%distributed cell first (it starts the workers)")
-    return group
 
 
 @magics_class
@@ -106,7 +91,7 @@ class DistributedMagics(Magics):
             self._attach(args.datasets, group)
         if args.push:
             self._push([n.strip() for n in args.push.split(",") if n.strip()], group)
-        return cells.run_cell(group, cell, args, _ranks(args.ranks))
+        return cells.run_cell(group, cell, args, parse_ranks(args.ranks))
 
     def _group_for(self, args: Any) -> WorkerGroup:
         group = active_group()
@@ -167,7 +152,7 @@ class DistributedMagics(Magics):
 
             In [3]: %dist_status
         """
-        print(format_status(_need_group().status()))
+        print(format_status(need_group().status()))
 
     @magic_arguments()
     @argument("names", nargs="+", help="notebook variables to send to every worker")
@@ -181,7 +166,7 @@ class DistributedMagics(Magics):
             In [5]: %dist_push lr
         """
         args = parse_argstring(self.dist_push, line)
-        self._push(args.names, _need_group())
+        self._push(args.names, need_group())
 
     @magic_arguments()
     @argument("name", help="the worker variable to fetch")
@@ -197,7 +182,7 @@ class DistributedMagics(Magics):
             In [7]: %dist_pull loss --all
         """
         args = parse_argstring(self.dist_pull, line)
-        group = _need_group()
+        group = need_group()
         if args.all and "--rank" in line:
             raise UsageError("use either --rank R or --all, not both")
         try:
@@ -218,14 +203,14 @@ class DistributedMagics(Magics):
         """
         args = parse_argstring(self.dist_reload, line)
         try:
-            _need_group().reload(args.module)
+            need_group().reload(args.module)
         except GroupError as exc:
             raise UsageError(str(exc)) from None
 
     @line_magic
     def dist_interrupt(self, line: str) -> None:
         """Interrupt the code running on every rank."""
-        _need_group().interrupt()
+        need_group().interrupt()
 
     @line_magic
     def dist_shutdown(self, line: str) -> None:
@@ -235,53 +220,9 @@ class DistributedMagics(Magics):
 
             In [9]: %dist_shutdown
         """
-        group = _need_group()
+        group = need_group()
         if group.background is not None and not group.background.done():
             raise UsageError("a background cell is running: %dist_interrupt stops it (or %dist_wait waits for it), "
                              "then %dist_shutdown")
         group.shutdown()
         print(f"raytrain_nb: group {group.name} shut down")
-
-
-def _stop_on_kernel_shutdown(ipython: Any) -> None:
-    """Shut the group and the Ray instance we started down when the kernel shuts down.
-
-    Without it the kernel waits on Ray's processes until the kernel manager kills it (~5 s).
-    """
-    kernel = getattr(ipython, "kernel", None)
-    original = getattr(kernel, "do_shutdown", None)
-    if original is None or getattr(original, "_rtnb", False):
-        return
-
-    def do_shutdown(restart: bool) -> Any:
-        from .._internal import cluster
-
-        try:
-            group = active_group()
-            if group is not None:
-                group.shutdown()
-            if cluster.started_by_us():
-                import ray
-
-                ray.shutdown()
-        except Exception as exc:  # noqa: BLE001 - the kernel must shut down regardless
-            logger.warning("stopping Ray at kernel shutdown: %s", exc)
-        return original(restart)
-
-    do_shutdown._rtnb = True  # type: ignore[attr-defined]
-    kernel.do_shutdown = do_shutdown
-
-
-def load_ipython_extension(ipython: Any) -> None:
-    from .magics_state import StateMagics
-
-    _stop_on_kernel_shutdown(ipython)
-    ipython.register_magics(DistributedMagics)
-    ipython.register_magics(StateMagics)
-    from .magics_dashboard import DashboardMagics
-
-    ipython.register_magics(DashboardMagics)
-
-
-def unload_ipython_extension(ipython: Any) -> None:
-    pass

@@ -8,8 +8,8 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from .._internal.errors import GroupError
-from .._internal.status import format_status
-from .magics import _need_group
+from .._internal.group.tables import format_status
+from .magic_args import need_group
 
 
 @magics_class
@@ -33,7 +33,7 @@ class DashboardMagics(Magics):
         from . import ui
 
         args = parse_argstring(self.dist_dashboard, line)
-        group = _need_group()
+        group = need_group()
         try:
             mode = "text" if args.text else ui.ui_mode()
         except ValueError as exc:
@@ -60,7 +60,7 @@ class DashboardMagics(Magics):
 
             In [5]: %dist_wait
         """
-        group = _need_group()
+        group = need_group()
         bg = group.background
         if bg is None:
             raise UsageError("no background cell has run: start one with %%distributed --background")

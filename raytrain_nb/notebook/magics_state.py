@@ -7,22 +7,12 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from .._internal.checkpoint_manager import CheckpointManager
+from .._internal.checkpoint.manager import CheckpointManager
 from .._internal.errors import RaytrainNbError, WorkerError
-from .._internal.group import active_group
-from .._internal.status import format_checkpoints, format_history
-from .._internal.storage import default_storage_path, join
-from .magics import _need_group
-
-
-def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """Call a group method; its errors become one-line UsageErrors (worker tracebacks stay)."""
-    try:
-        return fn(*args, **kwargs)
-    except WorkerError:
-        raise
-    except RaytrainNbError as exc:
-        raise UsageError(str(exc)) from None
+from .._internal.group.group import active_group
+from .._internal.group.tables import format_checkpoints, format_history
+from .._internal.checkpoint.storage import default_storage_path, join
+from .magic_args import call, need_group
 
 
 def _report_replay(group: Any) -> None:
@@ -54,13 +44,13 @@ class StateMagics(Magics):
             In [5]: %dist_checkpoint --name before-lr-change --vars epoch,step
         """
         args = parse_argstring(self.dist_checkpoint, line)
-        group = _need_group()
+        group = need_group()
         if args.delete:
-            _call(group.delete_checkpoint, args.delete)
+            call(group.delete_checkpoint, args.delete)
             print(f"deleted {args.delete}")
             return
         names = [v.strip() for v in args.vars.split(",") if v.strip()]
-        entry = _call(group.checkpoint, args.name, names, blocking=not args.background)
+        entry = call(group.checkpoint, args.name, names, blocking=not args.background)
         if entry is None:
             print("snapshot copied; it is being written in the background")
         else:
@@ -81,10 +71,10 @@ class StateMagics(Magics):
         args = parse_argstring(self.dist_checkpoints, line)
         group = active_group()
         if args.run is None:
-            entries = _call(_need_group().checkpoints)
+            entries = call(need_group().checkpoints)
         else:
             storage = args.storage or (group.storage_path if group is not None else None) or default_storage_path()
-            entries = _call(lambda: CheckpointManager.load(join(storage, args.run)).list())
+            entries = call(lambda: CheckpointManager.load(join(storage, args.run)).list())
         print(format_checkpoints(entries))
 
     @magic_arguments()
@@ -101,7 +91,7 @@ class StateMagics(Magics):
             In [8]: %dist_rollback before-lr-change
         """
         args = parse_argstring(self.dist_rollback, line)
-        print(_call(_need_group().rollback, args.name, run=args.run, allow_pickle=args.allow_pickle))
+        print(call(need_group().rollback, args.name, run=args.run, allow_pickle=args.allow_pickle))
 
     @magic_arguments()
     @argument("--from-checkpoint", dest="from_checkpoint", nargs="?", const="latest", default=None,
@@ -115,8 +105,8 @@ class StateMagics(Magics):
             In [9]: %dist_restart
         """
         args = parse_argstring(self.dist_restart, line)
-        group = _need_group()
-        ranks = _call(group.restart, from_checkpoint=args.from_checkpoint)
+        group = need_group()
+        ranks = call(group.restart, from_checkpoint=args.from_checkpoint)
         print(f"restarted rank(s) {', '.join(map(str, ranks))}")
         _report_replay(group)
 
@@ -131,12 +121,12 @@ class StateMagics(Magics):
             In [10]: %dist_rescale 1
         """
         args = parse_argstring(self.dist_rescale, line)
-        group = _need_group()
-        _call(group.rescale, args.workers)
+        group = need_group()
+        call(group.rescale, args.workers)
         print(f"the group has {group.num_workers} workers")
         _report_replay(group)
 
     @line_magic
     def dist_history(self, line: str) -> None:
         """The cells that ran on the whole group, marked setup (a new rank replays them) or training."""
-        print(format_history(_need_group().history))
+        print(format_history(need_group().history))

@@ -54,12 +54,12 @@ def show(group: Any, mode: Optional[str] = None) -> Any:
     if mode == "none":
         return None
     if mode == "text":
-        from .textui import reporter_for
+        from .dashboard.text import reporter_for
 
         return reporter_for(group)
     from IPython.display import display
 
-    from .widgets import dashboard_for
+    from .dashboard.view import dashboard_for
 
     dash = dashboard_for(group)
     display(dash)
@@ -68,11 +68,11 @@ def show(group: Any, mode: Optional[str] = None) -> Any:
 
 def expect_steps(group: Any, total: Optional[int]) -> None:
     """``--steps N``: the total of the next cell's progress bars, for every view of ``group``."""
-    from .textui import existing_reporter
+    from .dashboard.text import existing_reporter
 
     views = [existing_reporter(group)]
     try:
-        from .widgets import existing_dashboard
+        from .dashboard.view import existing_dashboard
 
         dash = existing_dashboard(group)
         views.append(dash.model if dash is not None else None)

@@ -12,7 +12,7 @@ import torch
 from raytrain_nb import WorkerGroup
 from raytrain_nb._internal.errors import CheckpointError, GroupError, StorageError, WorkerError
 from raytrain_nb._internal.output import CollectSink
-from raytrain_nb._internal.snapshot import SnapshotError
+from raytrain_nb._internal.errors import SnapshotError
 
 SETUP = """
 import os, tempfile, torch, raytrain_nb as train
@@ -168,7 +168,7 @@ for acc in [0.5, 0.9, 0.1, 0.7]:
     latest = g.run("ck = train.get_checkpoint(); open(os.path.join(ck.path, 'rank1.txt')).read()",
                    sink=CollectSink()).value
     assert latest == "'0.7'"
-    from raytrain_nb._internal.metrics_log import read_metrics
+    from raytrain_nb._internal.checkpoint.metrics_log import read_metrics
 
     assert [m["acc"] for m in read_metrics(g.run_storage.url) if "acc" in m][-4:] == [0.5, 0.9, 0.1, 0.7]
 
@@ -179,7 +179,7 @@ def test_listing_and_rolling_back_from_a_new_group(g, tmp_path):
     other = WorkerGroup(1, storage_path=g.storage_path, name="second-run", activate=False)
     try:
         quiet(other, SETUP)
-        from raytrain_nb._internal.checkpoint_manager import CheckpointManager
+        from raytrain_nb._internal.checkpoint.manager import CheckpointManager
 
         names = [e.name for e in CheckpointManager.load(os.path.join(g.storage_path, "ckpt-run")).list()]
         assert "for-new-group" in names
@@ -243,7 +243,7 @@ def test_worker_killed_while_writing_leaves_previous_snapshot_loadable(ray_sessi
                 fh.flush()
                 _t.sleep(600)
 
-        group.execute(lambda: setattr(__import__("raytrain_nb._internal.ckpt_worker", fromlist=["x"]),
+        group.execute(lambda: setattr(__import__("raytrain_nb._internal.worker.snapshot_io", fromlist=["x"]),
                                       "write", slow_write), ranks=[0])
         group.checkpoint(name="partial", blocking=False)
         staging = tmp_path / "kill-run" / ".staging"

@@ -19,11 +19,12 @@ import pytest
 moto_server = pytest.importorskip("moto.server")
 s3fs = pytest.importorskip("s3fs")
 
-from raytrain_nb._internal import storage, storage_check  # noqa: E402
-from raytrain_nb._internal.checkpoint import Checkpoint  # noqa: E402
-from raytrain_nb._internal.checkpoint_manager import CheckpointManager, append_metrics, read_metrics  # noqa: E402
+from raytrain_nb._internal.checkpoint import storage
+from raytrain_nb._internal.checkpoint import storage_check  # noqa: E402
+from raytrain_nb._internal.checkpoint.checkpoint import Checkpoint  # noqa: E402
+from raytrain_nb._internal.checkpoint.manager import CheckpointManager, append_metrics, read_metrics  # noqa: E402
 from raytrain_nb._internal.errors import CheckpointError  # noqa: E402
-from raytrain_nb._internal.staging import (COMMIT_MARKER, WRITING_MARKER, atomic_dir, begin_dir,  # noqa: E402
+from raytrain_nb._internal.checkpoint.staging import (COMMIT_MARKER, WRITING_MARKER, atomic_dir, begin_dir,  # noqa: E402
                                            clean_staging, list_committed)
 
 BUCKET = "raytrain-nb-test"
@@ -127,7 +128,7 @@ def test_interrupted_write_is_never_listed_or_loaded(run):
 
 KILLED_WRITER = textwrap.dedent("""
     import sys
-    from raytrain_nb._internal.staging import begin_dir
+    from raytrain_nb._internal.checkpoint.staging import begin_dir
     staged = begin_dir(sys.argv[1], "ckpt_2")
     with staged.open("model.pt") as f:
         f.write(b"x" * 1000)

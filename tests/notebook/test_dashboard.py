@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from raytrain_nb._internal.output import CollectSink
-from raytrain_nb.notebook.widgets import dashboard_for
+from raytrain_nb.notebook.dashboard.view import dashboard_for
 
 from ..groups import set_up_group
 

@@ -1,6 +1,6 @@
 import pytest
 
-from raytrain_nb._internal import cell
+from raytrain_nb._internal.worker import cell
 
 
 def test_last_expression_value_is_returned():

@@ -12,10 +12,10 @@ import pytest
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
-from raytrain_nb._internal import storage
-from raytrain_nb._internal.checkpoint import Checkpoint
+from raytrain_nb._internal.checkpoint import storage
+from raytrain_nb._internal.checkpoint.checkpoint import Checkpoint
 from raytrain_nb._internal.errors import CheckpointError
-from raytrain_nb._internal.staging import COMMIT_MARKER, METADATA_FILE, atomic_dir, begin_dir
+from raytrain_nb._internal.checkpoint.staging import COMMIT_MARKER, METADATA_FILE, atomic_dir, begin_dir
 
 
 

@@ -11,12 +11,12 @@ import textwrap
 
 import pytest
 
-from raytrain_nb._internal import checkpoint_manager as cm
-from raytrain_nb._internal import storage
-from raytrain_nb._internal.checkpoint import Checkpoint
-from raytrain_nb._internal.checkpoint_manager import CheckpointManager, append_metrics, list_runs, read_metrics
+from raytrain_nb._internal.checkpoint import manager as cm
+from raytrain_nb._internal.checkpoint import storage
+from raytrain_nb._internal.checkpoint.checkpoint import Checkpoint
+from raytrain_nb._internal.checkpoint.manager import CheckpointManager, append_metrics, list_runs, read_metrics
 from raytrain_nb._internal.errors import CheckpointError
-from raytrain_nb._internal.staging import atomic_dir, list_committed
+from raytrain_nb._internal.checkpoint.staging import atomic_dir, list_committed
 
 
 
@@ -262,7 +262,7 @@ def test_load_in_a_new_process(tmp_path):
     save(mgr, "snapshot")
     script = textwrap.dedent("""
         import sys
-        from raytrain_nb._internal.checkpoint_manager import CheckpointManager
+        from raytrain_nb._internal.checkpoint.manager import CheckpointManager
         mgr = CheckpointManager.load(sys.argv[1])
         with mgr.get(0).checkpoint.as_directory() as d:
             data = open(d + "/model.pt", "rb").read()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import datetime
 
-from raytrain_nb.notebook.clicks import ClickGuard
+from raytrain_nb.notebook.dashboard.clicks import ClickGuard
 
 
 def _msg(sent: float, session: str = "tab", msg_type: str = "comm_msg", date=True):

@@ -1,8 +1,8 @@
 import pytest
 
-from raytrain_nb._internal.config import GroupConfig
+from raytrain_nb._internal.group.config import GroupConfig
 from raytrain_nb._internal.errors import GroupError, ResourceError
-from raytrain_nb._internal.placement import check_feasible
+from raytrain_nb._internal.group.placement import check_feasible
 
 
 @pytest.mark.parametrize("kwargs,match", [

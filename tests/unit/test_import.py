@@ -11,7 +11,7 @@ def test_import_does_not_pull_torch_or_ray():
 
 
 def test_core_never_imports_notebook_packages():
-    code = ("import sys, raytrain_nb._internal.group, raytrain_nb._internal.worker, raytrain_nb._internal.dispatch\n"
+    code = ("import sys, raytrain_nb._internal.group.group, raytrain_nb._internal.worker.actor, raytrain_nb._internal.group.dispatch\n"
             "print(sorted(m for m in ('IPython', 'ipywidgets') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -1,6 +1,6 @@
 """The metrics plot without a front end: what it draws, and when it redraws the slow parts."""
-from raytrain_nb.notebook.dashboard_model import Line
-from raytrain_nb.notebook.plot import MetricsPlot
+from raytrain_nb.notebook.dashboard.model import Line
+from raytrain_nb.notebook.dashboard.plot import MetricsPlot
 
 
 def _ydata(plot, label):

@@ -1,4 +1,4 @@
-from raytrain_nb._internal.ranks import assign_ranks, rank_infos
+from raytrain_nb._internal.group.ranks import assign_ranks, rank_infos
 
 
 def test_ranks_grouped_by_node_driver_first():

@@ -16,9 +16,11 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 from fsspec.registry import known_implementations
 
-from raytrain_nb._internal import staging, storage, storage_check
+from raytrain_nb._internal.checkpoint import staging
+from raytrain_nb._internal.checkpoint import storage
+from raytrain_nb._internal.checkpoint import storage_check
 from raytrain_nb._internal.errors import CheckpointError, StorageError
-from raytrain_nb._internal.staging import (COMMIT_MARKER, STAGING_DIR, WRITING_MARKER, atomic_dir, begin_dir,
+from raytrain_nb._internal.checkpoint.staging import (COMMIT_MARKER, STAGING_DIR, WRITING_MARKER, atomic_dir, begin_dir,
                                            clean_staging, commit_dir, delete_dir, discard_dir, is_committed,
                                            list_committed, read_manifest, verify_dir)
 
@@ -410,7 +412,7 @@ def test_clean_staging(run_url):
 
 KILLED_WRITER = textwrap.dedent("""
     import sys
-    from raytrain_nb._internal.staging import begin_dir
+    from raytrain_nb._internal.checkpoint.staging import begin_dir
     staged = begin_dir(sys.argv[1], "ckpt_2")
     with staged.open("model.pt") as f:
         f.write(b"x" * 100000)

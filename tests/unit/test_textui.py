@@ -5,9 +5,9 @@ import io
 
 import pytest
 
-from raytrain_nb._internal.group import GroupState
+from raytrain_nb._internal.group.group import GroupState
 from raytrain_nb.notebook import ui
-from raytrain_nb.notebook.textui import TextReporter
+from raytrain_nb.notebook.dashboard.text import TextReporter
 
 from .fake_group import FakeGroup
 

@@ -3,7 +3,7 @@ import pytest
 
 from raytrain_nb import (CheckpointConfig, ConfigError, DataConfig, DataParallelTrainer, FailureConfig, RunConfig,
                          ScalingConfig)
-from raytrain_nb._internal.train_config import BackendConfig, TorchConfig
+from raytrain_nb._internal.train.config import BackendConfig, TorchConfig
 
 
 def loop(config):

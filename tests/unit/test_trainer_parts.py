@@ -9,24 +9,29 @@ import types
 import pytest
 
 from raytrain_nb import Result, ScalingConfig
-from raytrain_nb._internal import elastic, placement
-from raytrain_nb._internal.callbacks import (CallbackRunner, CSVLoggerCallback, JsonLoggerCallback,
+from raytrain_nb._internal.train import elastic
+from raytrain_nb._internal.group import placement
+from raytrain_nb._internal.train.callbacks import (CallbackRunner, CSVLoggerCallback, JsonLoggerCallback,
                                              TensorBoardCallback, TrainRunContext, UserCallback)
 from raytrain_nb._internal.errors import RankFailure, ResourceError, WorkerError
-from raytrain_nb._internal.progress import ProgressLine, ReportCollector, TrainSink, summarize
+from raytrain_nb._internal.group.slots import Slot, SlotTable
+from raytrain_nb._internal.group.state import SlotState
+from raytrain_nb._internal.train.progress import ProgressLine, ReportCollector, TrainSink, summarize
 
 
 class FakeGroup:
     """Just what elastic.decide/growth read: slots with a state and a placement (pg, bundle)."""
 
     def __init__(self, states, free=()):
-        self._slots = [types.SimpleNamespace(state=s, pg=f"pg{i}", bundle=i, actor=f"actor{i}") for i, s in enumerate(states)]
-        self._free = list(free)
+        self.slots = SlotTable()
+        self.slots.assign([Slot(actor=f"actor{i}", pg=f"pg{i}", bundle=i, info={}, state=SlotState(s))
+                           for i, s in enumerate(states)])
+        self.slots.free = list(free)
         self.config = types.SimpleNamespace(bundle=lambda: {"CPU": 1.0})
 
     @property
     def num_workers(self):
-        return len(self._slots)
+        return len(self.slots)
 
     def status(self):
         return []
@@ -69,7 +74,7 @@ def test_decisions(no_wait, monkeypatch):
 def test_retire_lets_ray_record_deaths_before_killing(monkeypatch):
     # until Ray records a worker on a lost node as dead, the node's bundles still look placed; our own
     # kill would be recorded at once and hide that: so wait for the dead ones first, then kill them all
-    from raytrain_nb._internal import recovery
+    from raytrain_nb._internal.group import recovery
 
     calls = []
     monkeypatch.setattr(recovery, "await_recorded_deaths", lambda actors: calls.append(("await", list(actors))))
@@ -161,8 +166,8 @@ def test_callback_runner_accepts_both_hook_forms_and_survives_errors(caplog):
 
 
 def test_loggers_and_result_from_path(tmp_path):
-    from raytrain_nb._internal.checkpoint_manager import CheckpointManager
-    from raytrain_nb._internal.metrics_log import append_metrics
+    from raytrain_nb._internal.checkpoint.manager import CheckpointManager
+    from raytrain_nb._internal.checkpoint.metrics_log import append_metrics
 
     run = tmp_path / "run1"
     ctx = TrainRunContext("run1", str(run), 1)
@@ -197,7 +202,7 @@ def test_loggers_and_result_from_path(tmp_path):
 
 
 def test_tensorboard_callback_writes_or_skips(tmp_path, caplog):
-    from raytrain_nb._internal.callbacks import tensorboard_writer_class
+    from raytrain_nb._internal.train.callbacks import tensorboard_writer_class
 
     cb = TensorBoardCallback()
     cb.setup(TrainRunContext("run1", str(tmp_path), 1))
@@ -210,14 +215,25 @@ def test_tensorboard_callback_writes_or_skips(tmp_path, caplog):
 
 
 def test_fit_shows_the_dashboard_only_where_widgets_render(monkeypatch):
-    from raytrain_nb._internal import fit_run
+    # the core reaches the notebook's dashboard only through the hook raytrain_nb registers
+    from raytrain_nb._internal import frontend
     from raytrain_nb.notebook import ui
 
     shown = []
     monkeypatch.setattr(ui, "show", lambda group, mode=None: shown.append((group, mode)) or object())
     monkeypatch.setattr(ui, "ui_mode", lambda: "text")
-    assert fit_run._show_dashboard("g") is False and shown == []  # a terminal: the text progress line
+    assert frontend.show_fit_dashboard("g") is False and shown == []  # a terminal: the text progress line
     monkeypatch.setattr(ui, "ui_mode", lambda: "widgets")
-    assert fit_run._show_dashboard("g") is True and shown == [("g", "widgets")]
+    assert frontend.show_fit_dashboard("g") is True and shown == [("g", "widgets")]
     monkeypatch.setattr(ui, "show", lambda group, mode=None: 1 / 0)
-    assert fit_run._show_dashboard("g") is False  # a broken dashboard never stops training
+    assert frontend.show_fit_dashboard("g") is False  # a broken dashboard never stops training
+
+
+def test_without_a_front_end_the_core_says_what_is_missing(monkeypatch):
+    from raytrain_nb._internal import frontend
+    from raytrain_nb._internal.errors import GroupError
+
+    monkeypatch.setattr(frontend, "_FRONTEND", None)
+    assert frontend.show_fit_dashboard("g") is False  # fit() shows text progress
+    with pytest.raises(GroupError, match=r"no dashboard front end is registered.*%dist_status"):
+        frontend.dashboard("g")

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 
 from raytrain_nb._internal.errors import GroupError
-from raytrain_nb._internal.group import GroupState
-from raytrain_nb.notebook.dashboard_actions import act
-from raytrain_nb.notebook.widgets import Dashboard
+from raytrain_nb._internal.group.group import GroupState
+from raytrain_nb.notebook.dashboard.actions import act
+from raytrain_nb.notebook.dashboard.view import Dashboard
 
 from .fake_group import FakeGroup
 

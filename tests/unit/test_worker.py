@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from raytrain_nb._internal.worker import Worker
+from raytrain_nb._internal.worker.actor import Worker
 
 
 @pytest.fixture
@@ -15,29 +15,29 @@ def worker():
 
 
 def test_namespace_persists_and_last_value_is_rendered(worker):
-    assert worker.run_cell("x = 40", 1)["failure"] is None
+    assert worker.run_cell("x = 40", 1).failure is None
     res = worker.run_cell("x + 2", 2)
-    assert res["value"] == ({"text/plain": "42"}, {})
+    assert res.value == ({"text/plain": "42"}, {})
 
 
 def test_rich_repr_is_rendered_on_the_worker(worker):
     res = worker.run_cell("class H:\n    def _repr_html_(self):\n        return '<b>hi</b>'\nH()", 1)
-    data, _ = res["value"]
+    data, _ = res.value
     assert data["text/html"] == "<b>hi</b>" and "text/plain" in data
 
 
 def test_failure_has_the_cells_traceback(worker):
     res = worker.run_cell("def f(a):\n    return a[3]\nf([])", 5)
-    failure = res["failure"]
+    failure = res.failure
     assert failure.type_name == "IndexError"
     assert 'File "<cell-5>", line 3' in failure.traceback and "_internal" not in failure.traceback
-    assert worker.run_cell("1", 6)["failure"] is None
+    assert worker.run_cell("1", 6).failure is None
 
 
 def test_cells_share_one_long_lived_thread(worker):
     worker.run_cell("import threading; t0 = threading.get_ident()", 1)
     res = worker.run_cell("threading.get_ident() == t0", 2)
-    assert res["value"][0]["text/plain"] == "True"
+    assert res.value[0]["text/plain"] == "True"
 
 
 def _run_in_thread(worker, source):
@@ -55,13 +55,13 @@ def test_interrupt_stops_python_code_and_keeps_the_namespace(worker):
     out = worker.interrupt()
     th.join(5)
     assert out["state"] == "stopped"
-    assert box["res"]["failure"].type_name == "KeyboardInterrupt" and box["res"]["interrupted"]
-    assert worker.run_cell("kept", 2)["value"][0]["text/plain"] == "7"
+    assert box["res"].failure.type_name == "KeyboardInterrupt" and box["res"].interrupted
+    assert worker.run_cell("kept", 2).value[0]["text/plain"] == "7"
 
 
 def test_interrupt_when_idle_does_nothing(worker):
     assert worker.interrupt()["state"] == "idle"
-    assert worker.run_cell("1 + 1", 1)["value"][0]["text/plain"] == "2"
+    assert worker.run_cell("1 + 1", 1).value[0]["text/plain"] == "2"
 
 
 def test_rank_blocked_in_c_is_reported_with_its_stack(worker):
@@ -71,7 +71,7 @@ def test_rank_blocked_in_c_is_reported_with_its_stack(worker):
     out = worker.interrupt(grace_s=0.1, release_wait_s=0.2)
     assert out["state"] == "stuck" and "time.sleep(2.5)" in out["stack"]
     th.join(10)
-    assert box["res"]["failure"].type_name == "KeyboardInterrupt"
+    assert box["res"].failure.type_name == "KeyboardInterrupt"
 
 
 def test_interrupts_never_escape_into_library_code(worker):
@@ -89,13 +89,13 @@ def test_interrupts_never_escape_into_library_code(worker):
     try:
         for i in range(300):
             res = worker.run_cell("y = sum(range(200))\ny", i)
-            failure = res["failure"]
+            failure = res.failure
             outcomes.add(failure.type_name if failure else "ok")
     finally:
         stop.set()
         th.join()
     assert outcomes <= {"ok", "KeyboardInterrupt"}
-    assert worker.run_cell("y", 999)["value"][0]["text/plain"] == "19900"
+    assert worker.run_cell("y", 999).value[0]["text/plain"] == "19900"
 
 
 def test_push_pull_and_missing_name(worker):
@@ -109,12 +109,12 @@ def test_fd_level_output_is_captured_per_cell():
     """Python prints, os.write on fd 1/2 and C printf land in the cell that wrote them."""
     code = textwrap.dedent("""
         import ctypes, json, os
-        from raytrain_nb._internal.worker import Worker
+        from raytrain_nb._internal.worker.actor import Worker
         w = Worker()
         a = w.run_cell("import os, ctypes\\nprint('py')\\nos.write(1, b'fd1\\\\n')\\nos.write(2, b'fd2\\\\n')\\n"
                        "libc = ctypes.CDLL(None)\\nlibc.printf(b'c-printf\\\\n')", 1)
         b = w.run_cell("print('second')", 2)
-        os.write(w._capture._readers[0].saved, (json.dumps([a["outputs"], b["outputs"]]) + "\\n").encode())
+        os.write(w._capture._readers[0].saved, (json.dumps([a.outputs, b.outputs]) + "\\n").encode())
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

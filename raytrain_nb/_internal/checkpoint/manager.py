@@ -1,0 +1,425 @@
+"""The checkpoints of one run: an index in the run directory, ranked and pruned as in Ray Train.
+
+Two kinds of checkpoints live in a run directory:
+
+- ``"snapshot"``: made interactively (``%dist_checkpoint``); never pruned, deleted only by
+  :meth:`CheckpointManager.delete`;
+- ``"reported"``: from ``report(metrics, checkpoint=...)``; ranked by ``score_attribute`` and
+  pruned beyond ``num_to_keep`` (the latest is never deleted; entries without the score rank
+  lowest).
+
+The index ``checkpoints.json`` is rewritten atomically after every change, so a new kernel can
+list a run's checkpoints with :meth:`CheckpointManager.load` without starting a group. Every
+reported metric also goes to ``metrics.jsonl``, one JSON line each (:func:`append_metrics`).
+
+Example::
+
+    mgr = CheckpointManager("s3://bucket/runs/r1", num_to_keep=2, score_attribute="acc")
+    staged = mgr.begin("reported")                    # workers write into staged.url
+    mgr.commit(staged, "reported", {"acc": 0.9})      # or mgr.persist(local_dir, "reported", m)
+    mgr.best(1)[0].checkpoint.to_directory()
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+from fsspec import AbstractFileSystem
+
+from .checkpoint import Checkpoint
+from ..errors import CheckpointError, describe
+from .metrics_log import METRICS_FILE, append_metrics, read_metrics  # noqa: F401 (re-exported)
+from .staging import StagedDir, begin_dir, commit_dir, delete_dir, discard_dir, read_manifest
+from .storage import join, read_json, resolve, to_json, to_url, write_bytes_atomic
+
+logger = logging.getLogger(__name__)
+
+INDEX_FILE = "checkpoints.json"
+KINDS = ("snapshot", "reported")
+SCORE_ORDERS = ("max", "min")
+_FORMAT = 1
+_STEP_KEYS = ("step", "training_iteration")
+
+
+@dataclasses.dataclass
+class CheckpointEntry:
+    """One checkpoint of a run, as listed in its index.
+
+    Attributes:
+        name: the directory name inside the run directory.
+        kind: ``"snapshot"`` or ``"reported"``.
+        path: the checkpoint's URL (a plain path when local).
+        metrics: the metrics reported with it.
+        step: ``metrics["step"]`` (or ``training_iteration``) when present.
+        time: when it was registered (seconds since the epoch).
+        size_bytes: the size of its files.
+    """
+
+    name: str
+    kind: str
+    path: str
+    metrics: Dict[str, Any]
+    step: Optional[int]
+    time: float
+    size_bytes: int
+    filesystem: Optional[AbstractFileSystem] = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        """The :class:`Checkpoint` to load."""
+        return Checkpoint(self.path, filesystem=self.filesystem)
+
+
+def _check_kind(kind: Optional[str], allow_none: bool = True) -> None:
+    if kind is None and allow_none:
+        return
+    if kind not in KINDS:
+        raise CheckpointError(f"kind={kind!r} is unknown: use 'snapshot' or 'reported'")
+
+
+def _check_config(num_to_keep: Any, score_attribute: Any, score_order: Any) -> None:
+    if num_to_keep is not None and (isinstance(num_to_keep, bool) or not isinstance(num_to_keep, int)
+                                    or num_to_keep < 1):
+        raise CheckpointError(f"num_to_keep={num_to_keep!r} is not allowed: pass None to keep every "
+                              "checkpoint, or a whole number >= 1")
+    if score_attribute is not None and (not isinstance(score_attribute, str) or not score_attribute):
+        raise CheckpointError(f"score_attribute={score_attribute!r} is not allowed: pass a metric "
+                              "name such as 'val_loss', or None to rank by recency")
+    if score_order not in SCORE_ORDERS:
+        raise CheckpointError(f"score_order={score_order!r} is unknown: use 'max' or 'min'")
+
+
+def _lookup(metrics: Dict[str, Any], attribute: str) -> Any:
+    if attribute in metrics:
+        return metrics[attribute]
+    value: Any = metrics
+    for part in attribute.split("/"):  # "val/acc" reaches a nested {"val": {"acc": ...}}
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+class CheckpointManager:
+    """The checkpoint index of one run directory.
+
+    Args:
+        run_dir_url: the run directory (local path or fsspec URL); an index already there is
+            loaded, so a restarted group continues the run.
+        num_to_keep: how many reported checkpoints to keep; None keeps all.
+        score_attribute: the metric that ranks reported checkpoints; None ranks by recency.
+        score_order: ``"max"`` (higher is better) or ``"min"``.
+        filesystem: an fsspec filesystem for ``run_dir_url``.
+
+    Raises:
+        CheckpointError: a bad argument (naming the field and value) or a damaged index.
+    """
+
+    def __init__(self, run_dir_url: Any, num_to_keep: Optional[int] = None,
+                 score_attribute: Optional[str] = None, score_order: str = "max", *,
+                 filesystem: Optional[Any] = None):
+        _check_config(num_to_keep, score_attribute, score_order)
+        self.num_to_keep = num_to_keep
+        self.score_attribute = score_attribute
+        self.score_order = score_order
+        self._fs, self._run = resolve(run_dir_url, filesystem)
+        self._entries: List[CheckpointEntry] = []
+        self._next_id = 1
+        self._lock = threading.RLock()  # a background snapshot may register while a cell runs
+        index = self._read_index()
+        if index is not None:
+            self._entries, self._next_id = index["entries"], index["next_id"]
+
+    @classmethod
+    def load(cls, run_dir_url: Any, *, filesystem: Optional[Any] = None) -> "CheckpointManager":
+        """The manager of an existing run, with the settings stored in its index.
+
+        Raises:
+            CheckpointError: the run has no index (naming the runs next to it) or it is damaged.
+        """
+        fs, run = resolve(run_dir_url, filesystem)
+        data = read_json(fs, join(run, INDEX_FILE), "checkpoint index", error=CheckpointError,
+                         missing_ok=True)
+        if data is None:
+            runs = list_runs(fs._parent(run), filesystem=fs)
+            near = f"; runs next to it: {', '.join(runs)}" if runs else ""
+            raise CheckpointError(f"no checkpoint index {to_url(fs, join(run, INDEX_FILE))}: the run has no "
+                                  f"checkpoints yet or is not a run directory{near}")
+        config = data.get("config") if isinstance(data, dict) else None
+        config = config if isinstance(config, dict) else {}
+        settings = (config.get("num_to_keep"), config.get("score_attribute"), config.get("score_order", "max"))
+        try:
+            _check_config(*settings)
+        except CheckpointError as exc:
+            raise CheckpointError(f"checkpoint index {to_url(fs, join(run, INDEX_FILE))}: {exc} (edited by "
+                                  "hand?): restore it") from exc
+        return cls(run, *settings, filesystem=fs)
+
+    @property
+    def run_dir(self) -> str:
+        """The run directory's URL (a plain path when local)."""
+        return to_url(self._fs, self._run)
+
+    # ------------------------------------------------------------ the index
+
+    def _index_url(self) -> str:
+        return to_url(self._fs, join(self._run, INDEX_FILE))
+
+    def _read_index(self) -> Optional[Dict[str, Any]]:
+        data = read_json(self._fs, join(self._run, INDEX_FILE), "checkpoint index", error=CheckpointError,
+                         missing_ok=True, fix="restore it, or delete it (the checkpoints stay loadable "
+                                              "with Checkpoint(path))")
+        if data is None:
+            return None
+        where = f"checkpoint index {self._index_url()}"
+        if not isinstance(data, dict) or data.get("format") != _FORMAT:
+            raise CheckpointError(f"{where} is not a format-{_FORMAT} index (edited by hand?): restore it")
+        raw, next_id = data.get("checkpoints"), data.get("next_id")
+        if not isinstance(raw, list) or isinstance(next_id, bool) or not isinstance(next_id, int):
+            raise CheckpointError(f"{where} has no checkpoint list (edited by hand?): restore it")
+        return {"entries": [self._entry_from(i, e, where) for i, e in enumerate(raw)], "next_id": next_id}
+
+    def _entry_from(self, i: int, raw: Any, where: str) -> CheckpointEntry:
+        checks = {"name": lambda v: isinstance(v, str) and v, "kind": lambda v: v in KINDS,
+                  "path": lambda v: isinstance(v, str) and v, "metrics": lambda v: isinstance(v, dict),
+                  "step": lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)),
+                  "time": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+                  "size_bytes": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0}
+        if not isinstance(raw, dict):
+            raise CheckpointError(f"{where}: entry {i} is not an object (edited by hand?): restore it")
+        for field, ok in checks.items():
+            if field not in raw or not ok(raw[field]):
+                raise CheckpointError(f"{where}: entry {i} has {field}={raw.get(field)!r}, which is not "
+                                      "valid (edited by hand?): restore it")
+        stored = raw["path"]
+        absolute = "://" in stored or stored.startswith("/")
+        fs, _, url = self._locate(stored if absolute else to_url(self._fs, join(self._run, stored)))
+        return CheckpointEntry(name=raw["name"], kind=raw["kind"], path=url, metrics=raw["metrics"],
+                               step=raw["step"], time=float(raw["time"]), size_bytes=raw["size_bytes"],
+                               filesystem=fs)
+
+    def _locate(self, path: Any) -> Tuple[AbstractFileSystem, str, str]:
+        """``(fs, path, url)`` of a checkpoint: on the run's filesystem unless the URL names another."""
+        text = os.fspath(path)
+        protocols = self._fs.protocol if isinstance(self._fs.protocol, (tuple, list)) else (self._fs.protocol,)
+        if "://" in text and text.split("://", 1)[0] not in protocols:
+            fs, where = resolve(text)
+            return fs, where, fs.unstrip_protocol(where)
+        fs, where = resolve(text, self._fs)
+        return fs, where, to_url(fs, where)
+
+    def _write_index(self) -> None:
+        inside = to_url(self._fs, self._run).rstrip("/") + "/"
+
+        def stored_path(e: CheckpointEntry) -> str:  # relative inside the run: the run can move
+            return e.path[len(inside):] if e.path.startswith(inside) else e.path
+
+        data = {"format": _FORMAT, "next_id": self._next_id,
+                "config": {"num_to_keep": self.num_to_keep, "score_attribute": self.score_attribute,
+                           "score_order": self.score_order},
+                "checkpoints": [{"name": e.name, "kind": e.kind, "path": stored_path(e), "metrics": e.metrics,
+                                 "step": e.step, "time": e.time, "size_bytes": e.size_bytes}
+                                for e in self._entries]}
+        text = to_json(data, "checkpoint index", error=CheckpointError, indent=1)
+        try:
+            write_bytes_atomic(self._fs, join(self._run, INDEX_FILE), text.encode("utf-8"))
+        except Exception as exc:
+            raise CheckpointError(f"cannot write the checkpoint index {self._index_url()} ({describe(exc)}): "
+                                  "the index on storage is unchanged; free space or fix access and retry") from exc
+
+    # ------------------------------------------------------------ writing
+
+    def next_name(self, kind: str) -> str:
+        """A fresh name: ``snapshot_000001`` or ``checkpoint_000002`` (never reused)."""
+        with self._lock:
+            _check_kind(kind, allow_none=False)
+            prefix = "snapshot" if kind == "snapshot" else "checkpoint"
+            names = {e.name for e in self._entries}
+            while True:
+                name = f"{prefix}_{self._next_id:06d}"
+                self._next_id += 1
+                if name not in names:
+                    return name
+
+    def begin(self, kind: str, name: Optional[str] = None) -> StagedDir:
+        """Stage a new checkpoint directory in the run; finish with :meth:`commit` or :meth:`abort`.
+
+        Returns:
+            The :class:`StagedDir` to write into (picklable: workers can write their files).
+
+        Raises:
+            CheckpointError: unknown kind, a bad name, or a name in use.
+        """
+        _check_kind(kind, allow_none=False)
+        self._check_new_name(name)
+        return begin_dir(self._run, name or self.next_name(kind), filesystem=self._fs)
+
+    def commit(self, staged: StagedDir, kind: str, metrics: Optional[Dict[str, Any]] = None) -> CheckpointEntry:
+        """Commit a staged directory in one step and register it; discarded if the commit fails."""
+        try:
+            commit_dir(staged)
+        except BaseException:
+            discard_dir(staged)
+            raise
+        return self.register(staged.name, kind, staged.final_url, metrics)
+
+    def abort(self, staged: StagedDir) -> None:
+        """Discard a staged directory (nothing is listed)."""
+        discard_dir(staged)
+
+    def persist(self, source: Union[Checkpoint, str], kind: str = "reported",
+                metrics: Optional[Dict[str, Any]] = None, name: Optional[str] = None) -> CheckpointEntry:
+        """Copy a checkpoint (or a local directory) into the run atomically and register it."""
+        ckpt = source if isinstance(source, Checkpoint) else Checkpoint(source)
+        staged = self.begin(kind, name)
+        try:
+            with ckpt.as_directory() as local:
+                staged.put_dir(local)
+        except BaseException:
+            self.abort(staged)
+            raise
+        return self.commit(staged, kind, metrics)
+
+    def _check_new_name(self, name: Optional[str]) -> None:
+        if name is not None and (not isinstance(name, str) or not name):
+            raise CheckpointError(f"name={name!r} is not allowed: pass a non-empty string")
+        if name is not None and any(e.name == name for e in self._entries):
+            raise CheckpointError(f"a checkpoint named {name!r} exists in {self.run_dir}: pick another "
+                                  "name or delete it first")
+
+    def register(self, name: str, kind: str, path: Any, metrics: Optional[Dict[str, Any]] = None
+                 ) -> CheckpointEntry:
+        """Add a committed checkpoint to the index, then prune reported ones beyond ``num_to_keep``.
+
+        Raises:
+            CheckpointError: unknown kind, a name in use, a path that is not a committed
+                checkpoint, or metrics JSON cannot store.
+        """
+        with self._lock:
+            _check_kind(kind, allow_none=False)
+            self._check_new_name(name)
+            metrics = dict(metrics or {})
+            to_json(metrics, "metrics", error=CheckpointError)
+            fs, where, url = self._locate(path)
+            manifest = read_manifest(fs, where)
+            if manifest is None:
+                raise CheckpointError(f"{to_url(fs, where)} is not a committed checkpoint: write it with "
+                                      "begin()/commit() or persist()")
+            step = next((metrics[k] for k in _STEP_KEYS if isinstance(metrics.get(k), int)
+                         and not isinstance(metrics.get(k), bool)), None)
+            entry = CheckpointEntry(name=name, kind=kind, path=url, metrics=metrics, step=step, time=time.time(),
+                                    size_bytes=int(manifest.get("size_bytes") or 0), filesystem=fs)
+            before = list(self._entries)
+            self._entries.append(entry)
+            doomed = self._to_prune(entry)
+            self._entries = [e for e in self._entries if e not in doomed]
+            try:
+                self._write_index()  # index first: a crash now leaves an unlisted dir, never a dangling entry
+            except BaseException:
+                self._entries = before
+                raise
+            for e in doomed:
+                self._remove_dir(e)
+            return entry
+
+    def _rank_key(self, entry: CheckpointEntry) -> tuple:
+        order = self._entries.index(entry)
+        if self.score_attribute is None:
+            return (1, 0.0, order)
+        value = _lookup(entry.metrics, self.score_attribute)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            return (0, 0.0, order)  # lacking the score: ranks lowest
+        return (1, float(value) if self.score_order == "max" else -float(value), order)
+
+    def _to_prune(self, latest: CheckpointEntry) -> List[CheckpointEntry]:
+        reported = [e for e in self._entries if e.kind == "reported"]
+        if self.num_to_keep is None or latest.kind != "reported" or len(reported) <= self.num_to_keep:
+            return []
+        ranked = sorted(reported, key=self._rank_key, reverse=True)
+        return [e for e in ranked[self.num_to_keep:] if e is not latest]
+
+    def _remove_dir(self, entry: CheckpointEntry) -> None:
+        fs, path, _ = self._locate(entry.path)
+        try:
+            delete_dir(fs, path)
+        except FileNotFoundError:
+            pass
+        except Exception as exc:
+            logger.warning("could not delete checkpoint %s: %s", entry.path, describe(exc))
+
+    def delete(self, name: str) -> None:
+        """Delete a checkpoint (either kind): from the index, then from storage.
+
+        Raises:
+            CheckpointError: no checkpoint has that name (listing those that exist).
+        """
+        with self._lock:
+            entry = self.get(name)
+            before = list(self._entries)
+            self._entries.remove(entry)
+            try:
+                self._write_index()
+            except BaseException:
+                self._entries = before
+                raise
+            self._remove_dir(entry)
+
+    # ------------------------------------------------------------ reading
+
+    def list(self, kind: Optional[str] = None) -> List[CheckpointEntry]:
+        """The checkpoints in the order they were registered, optionally of one kind."""
+        _check_kind(kind)
+        return [e for e in self._entries if kind is None or e.kind == kind]
+
+    def latest(self, kind: Optional[str] = None) -> Optional[CheckpointEntry]:
+        """The newest checkpoint (of ``kind``), or None."""
+        entries = self.list(kind)
+        return entries[-1] if entries else None
+
+    def best(self, n: int = 1) -> List[CheckpointEntry]:
+        """The ``n`` best reported checkpoints, best first (by recency without a score)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise CheckpointError(f"n={n!r} is not allowed: pass a whole number >= 1")
+        return sorted(self.list("reported"), key=self._rank_key, reverse=True)[:n]
+
+    def get(self, name_or_index: Union[str, int]) -> CheckpointEntry:
+        """A checkpoint by name, or by position in :meth:`list` (``-1`` is the latest).
+
+        Raises:
+            CheckpointError: unknown name or index, listing what exists.
+        """
+        names = [e.name for e in self._entries]
+        have = f"the run has {', '.join(names)}" if names else "the run has no checkpoints yet"
+        if isinstance(name_or_index, int) and not isinstance(name_or_index, bool):
+            if -len(names) <= name_or_index < len(names):
+                return self._entries[name_or_index]
+            raise CheckpointError(f"checkpoint index {name_or_index} is out of range: {have}")
+        for e in self._entries:
+            if e.name == name_or_index:
+                return e
+        raise CheckpointError(f"no checkpoint named {name_or_index!r} in {self.run_dir}: {have}")
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return (f"CheckpointManager({self.run_dir!r}, num_to_keep={self.num_to_keep}, "
+                f"score_attribute={self.score_attribute!r}, score_order={self.score_order!r}, "
+                f"checkpoints={len(self._entries)})")
+
+
+def list_runs(storage_url: Any, filesystem: Optional[Any] = None) -> List[str]:
+    """Names of the run directories under ``storage_url`` that have a checkpoint index."""
+    fs, root = resolve(storage_url, filesystem)
+    fs.invalidate_cache(root)
+    try:
+        entries = fs.ls(root, detail=True)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    dirs = [e["name"].rstrip("/") for e in entries if e.get("type") == "directory"]
+    return sorted(d.rsplit("/", 1)[-1] for d in dirs if fs.exists(join(d, INDEX_FILE)))

@@ -1,0 +1,107 @@
+"""Forming a group: spawning worker actors, ordering ranks by node, joining the process group."""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Dict, List, Sequence
+
+from .. import cluster
+from ..errors import GroupError
+from ..worker.actor import remote_worker_class
+from .slots import Slot
+from .state import SlotState
+from .ranks import assign_ranks, rank_infos
+
+logger = logging.getLogger(__name__)
+
+
+class FormationMixin:
+    """How a :class:`~raytrain_nb.WorkerGroup` starts workers and (re-)forms its process group."""
+
+    # -- forming the group ---------------------------------------------------------------
+
+    def _spawn(self, pg: Any, bundle: int) -> Slot:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # ray: on first use
+
+        opts: Dict[str, Any] = dict(
+            num_cpus=self.config.cpus_per_worker,
+            num_gpus=self.config.gpus_per_worker,
+            resources=dict(self.config.resources_per_worker or {}),
+            max_restarts=0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle),
+        )
+        shipped = cluster.shipped_working_dir()  # then Ray runs workers in a copy of the folder
+        cwd = None if shipped else os.getcwd()
+        preload = ("torch", "torch.distributed") if self.backend != "none" else ()
+        actor = remote_worker_class().options(**opts).remote(cwd=cwd, sys_path=[] if shipped else [os.getcwd()],
+                                                             preload=preload)
+        return Slot(actor=actor, pg=pg, bundle=bundle, info={})
+
+    def _describe(self, slots: List[Slot]) -> None:
+        infos = self._get([s.actor.info.remote() for s in slots], self.start_timeout_s, "start")
+        for slot, info in zip(slots, infos):
+            slot.info = info
+
+    def _order(self, slots: List[Slot]) -> List[Slot]:
+        self._describe(slots)
+        order = assign_ranks([s.info["node_id"] for s in slots], cluster.driver_node_id())
+        return [slots[i] for i in order]
+
+    def _contexts(self) -> List[Any]:
+        infos = rank_infos([s.info["node_id"] for s in self.slots])
+        for slot, info in zip(self.slots, infos):
+            slot.rank_info = info
+        return infos
+
+    def _rendezvous(self, method: str, src: int = 0, fresh: Sequence[int] = ()) -> None:
+        """Form the process group over ``self.slots`` in rank order.
+
+        ``setup`` on a new group; ``join`` to re-form one (after an interrupt,
+        a failure or a resize), broadcasting replicated state from rank ``src``;
+        ranks in ``fresh`` also receive the plain variables they lack.
+        """
+        infos = self._contexts()
+        master = self.slots[0]
+        addr = master.info["node_ip"]
+        port = 0
+        if self.backend != "none":
+            port = self._get([master.actor.open_store.remote(addr, len(self.slots))], 60, "start")[0]
+        refs = []
+        for rank, (slot, info) in enumerate(zip(self.slots, infos)):
+            ctx, env = info.context(self.name), info.env(addr, port)
+            if method == "setup":
+                refs.append(slot.actor.setup.remote(ctx, env, self.backend, addr, port))
+            else:
+                refs.append(slot.actor.join.remote(ctx, env, addr, port, src, rank in fresh,
+                                                   sorted(self.rank_specific)))
+        results = self._get(refs, self.start_timeout_s, "form the process group of")
+        for slot, res in zip(self.slots, results):
+            if method == "setup":
+                slot.device = res["device"]
+            slot.mark(SlotState.IDLE)
+
+    def _get(self, refs: List[Any], timeout: float, what: str) -> List[Any]:
+        import ray
+
+        try:
+            return ray.get(refs, timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise GroupError(
+                f"the workers did not {what} the group within {timeout:g} s "
+                f"({len(refs)} workers); raise start_timeout_s or check `ray status`"
+            ) from None
+        except ray.exceptions.RayActorError as exc:
+            raise GroupError(f"a worker died while trying to {what} the group: {first_line(exc)}") from None
+        except ray.exceptions.RayTaskError as exc:
+            cause = getattr(exc, "cause", None) or exc
+            raise GroupError(f"the workers could not {what} the group: {type(cause).__name__}: "
+                             f"{first_line(cause)}") from None
+
+    def _reform(self) -> None:
+        self._rendezvous("join")
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type name when it has none)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

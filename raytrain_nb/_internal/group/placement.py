@@ -1,0 +1,144 @@
+"""Reserve resources for a group (feasibility check at once, then a placement group with a timeout),
+and tell when the places of dead workers can take new ones."""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Dict, List
+
+from .config import GroupConfig
+from ..errors import ResourceError
+
+logger = logging.getLogger(__name__)
+
+
+def _fmt(res: Dict[str, float]) -> str:
+    """Resources as text, without the per-placement-group bookkeeping entries Ray adds."""
+    shown = {k: v for k, v in res.items() if "_group_" not in k and not k.startswith(("node:", "bundle_group"))}
+    return ", ".join(f"{v:g} {k}" for k, v in sorted(shown.items())) or "nothing"
+
+
+def check_feasible(config: GroupConfig, count: int, total: Dict[str, float],
+                   node_totals: List[Dict[str, float]]) -> None:
+    """Fail at once when the cluster could never place ``count`` workers.
+
+    Raises:
+        ResourceError: naming what was asked and what the cluster has.
+    """
+    bundle = config.bundle()
+    for key, per in bundle.items():
+        need = per * count
+        have = total.get(key, 0.0)
+        if need > have + 1e-9:
+            flag = {"CPU": "--cpus", "GPU": "--gpus"}.get(key, "resources_per_worker")
+            raise ResourceError(
+                f"{count} workers x {per:g} {key} = {need:g} {key} asked, but the cluster has {have:g} {key}: "
+                f"use fewer workers or a smaller {flag}"
+            )
+    if node_totals and not any(all(n.get(k, 0.0) + 1e-9 >= v for k, v in bundle.items()) for n in node_totals):
+        raise ResourceError(f"one worker asks for {_fmt(bundle)}, more than any single node has")
+
+
+def check_cluster(config: GroupConfig, count: int) -> None:
+    """:func:`check_feasible` against the connected Ray cluster."""
+    import ray
+
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    check_feasible(config, count, ray.cluster_resources(), nodes)
+
+
+def reserve(config: GroupConfig, count: int, timeout_s: float) -> Any:
+    """Create a ready placement group of ``count`` bundles, or raise within ``timeout_s``.
+
+    Raises:
+        ResourceError: the resources did not become free in time (names what is free).
+    """
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    check_cluster(config, count)
+    bundle = config.bundle() or {"CPU": 0.001}
+    pg = placement_group([dict(bundle) for _ in range(count)], strategy=config.placement_strategy)
+    ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+    if not ready:
+        free = ray.available_resources()
+        remove_placement_group(pg)
+        raise ResourceError(
+            f"{count} workers x ({_fmt(bundle)}) could not be placed within {timeout_s:g} s "
+            f"(strategy {config.placement_strategy}); free now: {_fmt(free)}. Other groups or tasks "
+            "hold the rest: shut them down, or ask for fewer workers/resources"
+        )
+    return pg
+
+
+#: At most this long for Ray's control store to record a killed worker as dead. A worker whose
+#: node was lost is recorded only once Ray declares the node dead (health checks: 15-30 s with
+#: Ray's defaults); a process that died on a live node is recorded at once.
+DEATH_RECORD_WAIT_S = 60.0
+
+
+def _actor_state(actor: Any) -> str:
+    """Ray's control-store state of ``actor`` (ALIVE, DEAD, ...); "" when it cannot be read."""
+    from ray._private.state import state
+
+    try:
+        return state.actor_table(actor._actor_id.hex()).get("State", "")
+    except Exception:  # noqa: BLE001 - an unreadable table counts as unknown
+        logger.debug("cannot read the actor table", exc_info=True)
+        return ""
+
+
+def await_recorded_deaths(actors: List[Any], timeout_s: float = DEATH_RECORD_WAIT_S) -> bool:
+    """Wait until Ray records each of ``actors`` (already killed or dead) as DEAD.
+
+    Until then Ray may still count a lost node, and the placement-group bundles on it, as
+    alive: a worker started in such a bundle dies at once. True when every death is recorded.
+    """
+    start = time.monotonic()
+    deadline, said = start + timeout_s, False
+    waiting = list(actors)
+    while waiting:
+        waiting = [a for a in waiting if _actor_state(a) not in ("DEAD", "")]
+        if not waiting:
+            return True
+        if not said and time.monotonic() - start > 1.0:  # say why nothing seems to happen
+            said = True
+            logger.warning("waiting for Ray to declare %d lost worker(s) dead before reusing their places: their "
+                           "node is probably gone (Ray's health checks take 15-30 s by default; at most %g s)",
+                           len(waiting), timeout_s)
+        if time.monotonic() >= deadline:
+            logger.warning("Ray has not recorded %d dead worker(s) as dead after %g s", len(waiting), timeout_s)
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def bundles_placed(places: List[Any]) -> List[bool]:
+    """For each ``(pg, bundle)`` of ``places``: is it on a node Ray counts as alive now?
+
+    One read of the node table, and one of each placement group's table, for all of them.
+    """
+    import ray
+    from ray.util.placement_group import placement_group_table
+
+    if not places:
+        return []
+    alive = {n.get("NodeID") for n in ray.nodes() if n.get("Alive")}
+    tables: Dict[Any, Dict[Any, Any]] = {}
+    out = []
+    for pg, index in places:
+        if pg.id not in tables:
+            tables[pg.id] = placement_group_table(pg).get("bundles_to_node_id", {})
+        out.append(tables[pg.id].get(index) in alive)
+    return out
+
+
+def await_bundles(places: List[Any], timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` for every ``(pg, bundle)`` in ``places`` to be placed on a live node."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if all(bundles_placed(places)):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)

@@ -1,0 +1,197 @@
+"""Replacing dead workers and resizing a live group, keeping the warm state.
+
+A new worker rebuilds its namespace by replaying the group's setup cells with
+collectives deferred (``prepare_model`` returns a DDP object bound later);
+then every rank joins a new process group and the replicated state is
+broadcast from a live peer (see :mod:`.replicate`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import TYPE_CHECKING, Any, List, Sequence
+
+from ..errors import GroupError
+from .placement import await_bundles, await_recorded_deaths, bundles_placed, check_cluster, reserve
+from .slots import Place, Slot
+from .state import GroupState, SlotState
+
+if TYPE_CHECKING:  # the group calls in here; this module never imports it at run time
+    from .group import WorkerGroup
+
+logger = logging.getLogger(__name__)
+
+ON_FAILURE = ("raise", "restart", "rescale")
+
+
+def _kill(slot: Slot) -> None:
+    import ray
+
+    try:
+        ray.kill(slot.actor, no_restart=True)
+    except Exception:  # noqa: BLE001 - already gone
+        pass
+
+
+def retire(slots: Sequence[Slot]) -> None:
+    """Kill the workers of ``slots`` so their places can take new ones.
+
+    The dead ones are first left to Ray to record as dead: a process that died on a live node is
+    recorded at once, one on a lost node only when Ray declares the node dead, and until then the
+    node's placement-group bundles still look usable (a worker started there dies at once). Killing
+    them ourselves would have Ray record them dead at once and hide that.
+    """
+    await_recorded_deaths([s.actor for s in slots if s.state == SlotState.DEAD])
+    for slot in slots:
+        _kill(slot)
+
+
+def _prepare_new(group: "WorkerGroup", ranks: Sequence[int]) -> None:
+    """Set up the workers of ``ranks`` without joining, then replay the setup cells on them."""
+    # The run directory first: report(checkpoint=...) and get_checkpoint() work on a new rank too.
+    slots = group.slots
+    group._get([slots[r].actor.set_storage.remote(group.run_storage.url) for r in ranks], 60, "start")
+    infos = group._contexts()
+    addr = slots[0].info.get("node_ip", "127.0.0.1")
+    refs = [slots[r].actor.setup.remote(infos[r].context(group.name), infos[r].env(addr, 0),
+                                        group.backend, addr, 0, True) for r in ranks]
+    for r, res in zip(ranks, group._get(refs, group.start_timeout_s, "start")):
+        slots[r].device = res["device"]
+    cells = [(c.cell_id, c.source) for c in group.history if c.setup]
+    if cells:
+        failed = group._get([slots[r].actor.replay.remote(cells) for r in ranks], group.start_timeout_s,
+                            "replay the setup cells of")
+        for r, lines in zip(ranks, failed):
+            for line in lines:  # the rank still joins: the state broadcast follows
+                logger.warning("rank %d: replaying %s", r, line)
+                group.replay_failures.append(f"rank {r}: {line}")
+
+
+def _survivor(group: "WorkerGroup", new: Sequence[int]) -> int:
+    live = [r for r in range(group.num_workers) if r not in new]
+    if not live:
+        raise GroupError("no live worker is left to copy the state from: start a new group (and roll back "
+                         "to a checkpoint), or restart from a checkpoint")
+    return live[0]
+
+
+def _await_places(group: "WorkerGroup", slots: Sequence[Slot], ranks: Sequence[int]) -> None:
+    """Before new workers go into the places of retired ones: wait for the places to be on live
+    nodes (Ray moves the bundles of a lost node where there is room).
+
+    Raises:
+        GroupError: a place did not come back within ``placement_timeout_s``, naming the ranks.
+    """
+    if not await_bundles([(s.pg, s.bundle) for s in slots], group.placement_timeout_s):
+        names = ", ".join(str(r) for r in ranks)
+        raise GroupError(f"the place of rank(s) {names} is gone (its node left the cluster) and no node took it "
+                         f"within {group.placement_timeout_s:g} s: continue with fewer workers "
+                         "(%dist_rescale N, group.rescale(n)), or add a node and restart again")
+
+
+def replace_ranks(group: "WorkerGroup", ranks: List[int]) -> None:
+    """New actors in the places of ``ranks``; state from the lowest surviving rank."""
+    src = _survivor(group, ranks)
+    slots = group.slots
+    group.transition(GroupState.RECOVERING)
+    try:
+        spares = len(slots.spares)
+        if len(ranks) > spares:  # new workers go into the old places: wait until usable
+            retire([slots[r] for r in ranks])
+            _await_places(group, [slots[r] for r in ranks[spares:]], ranks[spares:])
+        else:  # spares take every place: no wait, spares are for speed
+            for r in ranks:
+                _kill(slots[r])
+        for r in ranks:
+            spare = slots.take_spare()  # a standby worker, started and with torch imported
+            old = slots.put(r, spare if spare is not None else group._spawn(*slots[r].place))
+            if spare is not None:
+                slots.spares.append(group._spawn(*old.place))  # refill in the background
+                slots.spares[-1].actor.warm.remote()
+        group._describe([slots[r] for r in ranks])
+        _prepare_new(group, ranks)
+        group._rendezvous("join", src=src, fresh=ranks)
+    except BaseException:
+        group.transition(GroupState.FAILED)
+        raise
+    group.transition(GroupState.IDLE)
+    logger.info("replaced rank(s) %s; state copied from rank %d", ranks, src)
+
+
+def restart(group: "WorkerGroup") -> List[int]:
+    group._check_not_running()
+    group.status()  # ping every worker: a death Ray knows of but the monitor has not seen yet counts
+    dead = group.slots.gone_ranks()
+    if not dead:
+        raise GroupError("no dead worker to restart: every rank is alive (%dist_status shows them)")
+    replace_ranks(group, dead)
+    return dead
+
+
+def rescale(group: "WorkerGroup", num_workers: int) -> None:
+    group._check_not_running()
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+        raise GroupError(f"rescale to {num_workers!r} workers is not possible: give a whole number of at least 1")
+    slots = group.slots
+    alive = [slots[r] for r in slots.live_ranks()]
+    if not alive:
+        raise GroupError("every worker is dead: nothing to keep; shut the group down and start a new one")
+    keep, drop = alive[:num_workers], alive[num_workers:] + [slots[r] for r in slots.gone_ranks()]
+    need = num_workers - len(keep)
+    check_cluster(dataclasses.replace(group.config, num_workers=num_workers), num_workers)
+    extra_pg, extra_size = None, 0
+    if need > len(drop) + len(slots.free):  # reserve the rest before touching anything: fail fast
+        extra_size = need - len(drop) - len(slots.free)
+        extra_pg = reserve(dataclasses.replace(group.config, num_workers=extra_size), extra_size,
+                           group.placement_timeout_s)
+        slots.pgs.append(extra_pg)
+    group.transition(GroupState.RECOVERING)
+    try:
+        if need:  # new workers go first into the places of dropped or lost ones that are still on live nodes
+            retire(drop)
+        else:
+            for slot in drop:
+                _kill(slot)
+        slots.free.extend(slot.place for slot in drop)
+        places: List[Place] = []
+        if need:
+            places = [p for p, ok in zip(slots.free, bundles_placed(slots.free)) if ok][:need]
+            for place in places:
+                slots.free.remove(place)
+            if extra_pg is not None:
+                places += [(extra_pg, i) for i in range(min(need - len(places), extra_size))]
+            if len(places) < need:  # lost places: reserve new ones where the cluster has room
+                more = need - len(places)
+                pg = reserve(dataclasses.replace(group.config, num_workers=more), more, group.placement_timeout_s)
+                slots.pgs.append(pg)
+                places += [(pg, i) for i in range(more)]
+        new = [group._spawn(pg, bundle) for pg, bundle in places]
+        slots.assign(keep + new)
+        new_ranks = list(range(len(keep), num_workers))
+        if new:
+            group._describe(new)
+            _prepare_new(group, new_ranks)
+        group._rendezvous("join", src=0, fresh=new_ranks)
+        group.config = dataclasses.replace(group.config, num_workers=num_workers)
+    except BaseException:
+        group.transition(GroupState.FAILED)
+        raise
+    group.transition(GroupState.IDLE)
+    logger.info("rescaled to %d workers", num_workers)
+
+
+def recover_and_retry(group: "WorkerGroup", exc: Exception, policy: str, attempt: int, max_failures: int,
+                      sink: Any) -> bool:
+    """Apply ``--on-failure``: recover from dead workers and say so; False to re-raise."""
+    deaths = [f for f in getattr(exc, "failures", []) if f.type_name in ("WorkerDiedError", "WorkerUnresponsiveError")]
+    if policy == "raise" or not deaths or (0 <= max_failures <= attempt):
+        return False
+    ranks = ", ".join(str(f.rank) for f in deaths)
+    limit = "no limit" if max_failures < 0 else f"{attempt + 1}/{max_failures}"
+    sink.notice(f"rank(s) {ranks} died ({deaths[0].message.split(': ', 1)[-1]}); --on-failure {policy} "
+                f"({limit}): recovering, then running the cell again")
+    if policy == "restart":
+        restart(group)
+    else:
+        rescale(group, len(group.slots.live_ranks()))
+    return True

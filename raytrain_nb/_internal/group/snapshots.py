@@ -1,0 +1,137 @@
+"""Driver side of snapshots: take one on every rank (between cells or at a step boundary),
+write it in the background, and roll every rank back to one.
+
+``WorkerGroup.checkpoint`` / ``rollback`` / ``checkpoints`` call into here; the group's
+:class:`~raytrain_nb._internal.checkpoint.run_storage.RunStorage` owns the checkpoint manager.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
+
+from ..checkpoint.manager import CheckpointEntry, CheckpointManager
+from ..checkpoint.staging import discard_dir
+from ..checkpoint.storage import join
+from ..errors import CheckpointError
+from .monitor import death_cause
+from .state import GroupState
+
+if TYPE_CHECKING:  # the group calls in here; this module never imports it at run time
+    from .group import WorkerGroup
+
+logger = logging.getLogger(__name__)
+
+SNAPSHOT_TIMEOUT_S = 60.0
+#: How long a later call waits for a background (``--async``) snapshot to be written.
+BACKGROUND_WRITE_S = 600.0
+
+
+@dataclasses.dataclass
+class RollbackResult:
+    """What :meth:`WorkerGroup.rollback` did."""
+
+    name: str
+    restored: List[str]
+    changed: List[str]
+
+    def __str__(self) -> str:
+        text = f"rolled back to {self.name}: restored {', '.join(self.restored) or 'nothing'}"
+        if self.changed:
+            text += (f"; not restored and changed since the snapshot: {', '.join(self.changed)} "
+                     "(name them with --vars to save them too)")
+        return text
+
+
+def checkpoint(group: "WorkerGroup", name: Optional[str], var_names: Sequence[str], blocking: bool,
+               timeout_s: float) -> Optional[CheckpointEntry]:
+    """Snapshot the tracked state of every rank (see :meth:`WorkerGroup.checkpoint`)."""
+    import ray
+
+    run = group.run_storage
+    if run.background_error:
+        err, run.background_error = run.background_error, None
+        raise CheckpointError(f"an earlier background checkpoint failed: {err}")
+    staged = run.manager.begin("snapshot", name)
+    actors = [s.actor for s in group.slots]
+    try:
+        if group.state is GroupState.RUNNING:  # a step boundary: the next report() on every rank
+            ray.get([a.request_snapshot.remote(staged, list(var_names)) for a in actors])
+            waits = [a.snapshot_wait.remote(timeout_s) for a in actors]
+            ready, _ = ray.wait(waits, num_returns=len(waits), timeout=timeout_s + 5)
+            if len(ready) < len(waits) or any(r.get("timeout") for r in group._get(ready, 30, "snapshot")):
+                ray.get([a.cancel_snapshot.remote() for a in actors])
+                raise CheckpointError(f"no report() came on every rank within {timeout_s:g} s while the cell "
+                                      "ran, so no consistent snapshot could be taken: try again between cells")
+        else:
+            group._check_usable()
+            group._get([a.snapshot.remote(staged, list(var_names), not blocking) for a in actors], 600,
+                       "snapshot")
+            if not blocking:
+                waits = [a.snapshot_wait.remote() for a in actors]
+                thread = threading.Thread(target=_finish_background, args=(group, staged, waits),
+                                          name="rtnb-snapshot-commit", daemon=True)
+                run.background = thread
+                thread.start()
+                return None
+    except BaseException:
+        discard_dir(staged)
+        raise
+    return run.manager.commit(staged, "snapshot", _metrics_of(group))
+
+
+def _metrics_of(group: "WorkerGroup") -> Dict[str, Any]:
+    return dict(group.latest_metrics.get(0, {}))
+
+
+def _finish_background(group: "WorkerGroup", staged: Any, waits: List[Any]) -> None:
+    import ray
+
+    run = group.run_storage
+    try:
+        ray.get(waits)
+        run.manager.commit(staged, "snapshot", _metrics_of(group))
+    except Exception as exc:  # noqa: BLE001 - reported in the next cell
+        discard_dir(staged)
+        if isinstance(exc, ray.exceptions.RayActorError):
+            why = f"a worker died while writing it ({death_cause(exc)})"
+        else:
+            cause = getattr(exc, "cause", None) or exc
+            why = f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+        run.background_error = f"{staged.name}: {why}"
+        logger.warning("background checkpoint %s failed: %s", staged.name, why)
+
+
+def wait_background(group: "WorkerGroup") -> None:
+    """Wait for a background checkpoint to commit (``--async``)."""
+    thread = group.run_storage.background
+    if thread is not None:
+        thread.join(timeout=BACKGROUND_WRITE_S)
+        if thread.is_alive():
+            raise CheckpointError(f"the background checkpoint is still being written after {BACKGROUND_WRITE_S:g} s: "
+                                  "check the storage path, then try again")
+
+
+def rollback(group: "WorkerGroup", name_or_index: Union[str, int], run: Optional[str],
+             allow_pickle: bool) -> RollbackResult:
+    """Load a snapshot into every rank's objects in place (see :meth:`WorkerGroup.rollback`)."""
+    group._check_usable()
+    manager = group.run_storage.manager if run is None else CheckpointManager.load(
+        join(group.run_storage.url.rsplit("/", 1)[0], run))
+    wait_background(group)
+    snapshots = manager.list("snapshot")
+    if name_or_index == "latest":
+        if not snapshots:
+            raise CheckpointError(f"no snapshot to roll back to in {manager.run_dir}: take one with "
+                                  "%dist_checkpoint (group.checkpoint())")
+        entry = snapshots[-1]
+    else:
+        entry = manager.get(name_or_index)
+    if entry.kind != "snapshot":
+        raise CheckpointError(f"{entry.name} is a reported checkpoint (your own files): load it in a cell with "
+                              "raytrain_nb.get_checkpoint() or Checkpoint; rollback takes snapshots")
+    results = group._get([s.actor.rollback.remote(entry.path, allow_pickle) for s in group.slots], 600,
+                         "roll back")
+    changed = sorted({n for r in results for n in r["changed"]})
+    return RollbackResult(entry.name, results[0]["restored"], changed)

@@ -1,0 +1,49 @@
+"""Ray's implicit ``ray.init()`` starts the same quiet embedded instance ``fit()`` would.
+
+A ported Ray Train script often touches Ray before ``fit()`` (``ray.data.from_items(...)`` puts
+objects), which makes Ray start itself with its defaults: worker logs (Ray Data's progress bars)
+flood the terminal and ``RAYTRAIN_NB_*`` settings are ignored. Importing the trainer installs a
+replacement for Ray's auto-init that calls :func:`~.cluster.connect` instead (``RAY_ADDRESS`` is
+still honoured; an explicit ``ray.init(...)`` by the script still wins).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+logger = logging.getLogger(__name__)
+
+
+def install() -> None:
+    """Replace ``ray._private.auto_init_hook.auto_init_ray`` once per process (no-op without Ray)."""
+    try:
+        from ray._private import auto_init_hook
+    except Exception:  # noqa: BLE001 - Ray missing or its internals moved: keep Ray's own behaviour
+        return
+    original = auto_init_hook.auto_init_ray
+    if getattr(original, "_rtnb", False):
+        return
+
+    def auto_init_ray() -> None:
+        import ray
+
+        if os.environ.get("RAY_ENABLE_AUTO_CONNECT", "") == "0" or ray.is_initialized():
+            return original()
+        from .. import cluster
+
+        try:
+            cluster.connect()
+        except Exception as exc:  # noqa: BLE001 - let Ray try its own way, and say why
+            logger.warning("starting Ray the raytrain_nb way failed (%s); using ray.init()", exc)
+            original()
+
+    auto_init_ray._rtnb = True  # type: ignore[attr-defined]
+    auto_init_hook.auto_init_ray = auto_init_ray
+    # Modules that did ``from ray._private.auto_init_hook import auto_init_ray`` hold the original.
+    for module in list(sys.modules.values()):
+        if getattr(module, "auto_init_ray", None) is original and module is not auto_init_hook:
+            try:
+                module.auto_init_ray = auto_init_ray
+            except Exception:  # noqa: BLE001 - a read-only module: that path keeps Ray's default
+                pass

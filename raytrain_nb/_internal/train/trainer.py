@@ -1,0 +1,195 @@
+"""``DataParallelTrainer`` and ``TorchTrainer``: Ray Train's trainers on the notebook's worker group.
+
+One core, two front ends: ``fit()`` starts a :class:`~raytrain_nb.WorkerGroup` and runs the
+training function on every rank with ``group.execute`` (the same actors, ``report`` and
+checkpoints as a ``%%distributed`` cell). Failures are handled by :mod:`.elastic`, the run by
+:mod:`.fit_run`.
+
+Example::
+
+    from raytrain_nb import ScalingConfig, RunConfig
+    from raytrain_nb.torch import TorchTrainer
+
+    def train_func(config):
+        ...
+        raytrain_nb.report({"loss": loss}, checkpoint=Checkpoint.from_directory(tmp))
+
+    result = TorchTrainer(train_func, train_loop_config={"lr": 0.1},
+                          scaling_config=ScalingConfig(num_workers=2)).fit()
+"""
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from typing import Any, Callable, Dict, Optional, Union
+
+from ..errors import ConfigError
+from ..validate import fail
+from .config import BackendConfig, DataConfig, RunConfig, ScalingConfig, TorchConfig
+from .train_loop import takes_config
+
+logger = logging.getLogger(__name__)
+
+# A script's first implicit ray.init() (e.g. ray.data.from_items) starts the quiet embedded instance.
+_autoinit_installed = False
+
+
+def install_autoinit() -> None:
+    global _autoinit_installed
+    if not _autoinit_installed:
+        from .autoinit import install
+
+        install()
+        _autoinit_installed = True
+
+
+def _check_type(cls: str, field: str, value: Any, kind: type, hint: str) -> None:
+    if value is not None and not isinstance(value, kind):
+        fail(cls, field, value, hint)
+
+
+class DataParallelTrainer:
+    """Runs ``train_loop_per_worker`` on N workers (Ray Train's ``DataParallelTrainer``).
+
+    Args:
+        train_loop_per_worker: the training function; it takes no argument or the config dict.
+        train_loop_config: the dict passed to it (each worker gets its own copy).
+        backend: ``"gloo"``, ``"nccl"`` or ``"none"`` (default ``"none"``: no process group).
+        backend_config: a :class:`BackendConfig` (or ``TorchConfig``) instead of ``backend``.
+        scaling_config: workers and resources (default: 1 worker, 1 CPU).
+        run_config: name, storage, failures, checkpoints, callbacks.
+        datasets: ``{"train": ray.data.Dataset, ...}``, split across workers; read on each
+            worker with ``raytrain_nb.get_dataset_shard(name)``.
+        dataset_config: a :class:`DataConfig` (which datasets to split).
+        resume_from_checkpoint: what ``get_checkpoint()`` returns until the run has a
+            checkpoint of its own.
+        metadata: accepted for compatibility; stored as ``self.metadata``.
+
+    Raises:
+        ConfigError: a bad argument, naming it and its value (checked here, not in ``fit``).
+    """
+
+    _default_backend: Optional[str] = "none"
+    _backend_config_cls: type = BackendConfig
+
+    def __init__(self, train_loop_per_worker: Callable[..., Any], *,
+                 train_loop_config: Optional[Dict[str, Any]] = None, backend: Optional[str] = None,
+                 backend_config: Optional[BackendConfig] = None, scaling_config: Optional[ScalingConfig] = None,
+                 run_config: Optional[RunConfig] = None, datasets: Optional[Dict[str, Any]] = None,
+                 dataset_config: Optional[DataConfig] = None, resume_from_checkpoint: Optional[Any] = None,
+                 metadata: Optional[Dict[str, Any]] = None) -> None:
+        cls = type(self).__name__
+        self.with_config = takes_config(train_loop_per_worker)
+        if train_loop_config is not None and not isinstance(train_loop_config, dict):
+            fail(cls, "train_loop_config", train_loop_config, "pass a dict")
+        if train_loop_config and not self.with_config:
+            logger.warning("%s: train_loop_config is ignored: %s takes no argument", cls,
+                           getattr(train_loop_per_worker, "__name__", "the training function"))
+        _check_type(cls, "scaling_config", scaling_config, ScalingConfig, "pass a raytrain_nb.ScalingConfig")
+        _check_type(cls, "run_config", run_config, RunConfig, "pass a raytrain_nb.RunConfig")
+        _check_type(cls, "dataset_config", dataset_config, DataConfig, "pass a raytrain_nb.DataConfig")
+        _check_type(cls, "backend_config", backend_config, BackendConfig, "pass a raytrain_nb.BackendConfig")
+        if backend_config is not None and backend is not None and backend_config.backend not in (None, backend):
+            fail(cls, "backend", backend, f"differs from backend_config.backend={backend_config.backend!r}")
+        if backend is not None:
+            backend_config = self._backend_config_cls(backend=backend)
+        self.backend_config = backend_config or self._backend_config_cls()
+        if resume_from_checkpoint is not None:
+            from ..checkpoint.checkpoint import Checkpoint
+
+            _check_type(cls, "resume_from_checkpoint", resume_from_checkpoint, Checkpoint,
+                        "pass a raytrain_nb.Checkpoint (Checkpoint.from_directory(path))")
+        if datasets is not None:
+            from ..group.datasets import check_datasets
+            from ..errors import GroupError
+
+            try:
+                datasets = check_datasets(datasets)
+            except GroupError as exc:
+                raise ConfigError(f"{cls}: {exc}") from None
+        if metadata is not None and not isinstance(metadata, dict):
+            fail(cls, "metadata", metadata, "pass a dict")
+        self.train_loop_per_worker = train_loop_per_worker
+        self.train_loop_config = train_loop_config
+        self.scaling_config = scaling_config or ScalingConfig()
+        self.run_config = run_config or RunConfig()
+        self.datasets = datasets or {}
+        self.dataset_config = dataset_config
+        self.resume_from_checkpoint = resume_from_checkpoint
+        self.metadata = metadata or {}
+        self.name = self.run_config.name or \
+            f"{cls}_{time.strftime('%Y-%m-%d_%H-%M-%S')}_{secrets.token_hex(2)}"
+        self.backend = self._resolve_backend()
+        from .fit_run import storage_path_for
+
+        self.storage_path = storage_path_for(self.run_config)
+        install_autoinit()
+
+    def _resolve_backend(self) -> str:
+        backend = self.backend_config.backend or self._default_backend
+        if backend is None:  # torch: nccl on GPUs, gloo otherwise
+            backend = "nccl" if self.scaling_config.group_kwargs()["gpus_per_worker"] else "gloo"
+        if backend == "nccl" and not self.scaling_config.group_kwargs()["gpus_per_worker"]:
+            fail(type(self).__name__, "backend", backend, "nccl needs GPUs: set ScalingConfig(use_gpu=True), "
+                  "or use gloo")
+        return backend
+
+    def fit(self) -> Any:
+        """Run the training function on every worker until it returns on all of them.
+
+        A worker that raises or dies is handled by ``RunConfig(failure_config=...)``: the group
+        is restarted (or resized, for an elastic ``num_workers=(min, max)``) and the function runs
+        again; ``get_checkpoint()`` then returns the newest committed checkpoint.
+
+        Returns:
+            A :class:`~raytrain_nb.Result`.
+
+        Raises:
+            TrainingFailedError: the function failed more often than ``max_failures`` allows
+                (its message holds the worker's traceback).
+            ResourceError: the cluster cannot place the workers.
+        """
+        from .fit_run import FitRun
+
+        return FitRun(self).run()
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(name={self.name!r}, num_workers={self.scaling_config.num_workers!r}, "
+                f"backend={self.backend!r})")
+
+
+class TorchTrainer(DataParallelTrainer):
+    """Ray Train's ``TorchTrainer``: a :class:`DataParallelTrainer` with torch.distributed set up
+    (gloo on CPUs, nccl with ``use_gpu``); use ``prepare_model`` / ``prepare_data_loader`` inside.
+
+    Args:
+        torch_config: a :class:`TorchConfig` (e.g. ``TorchConfig(backend="gloo")``).
+        Others: as :class:`DataParallelTrainer` (``backend_config`` is a synonym of ``torch_config``).
+
+    Example::
+
+        trainer = TorchTrainer(train_func, scaling_config=ScalingConfig(num_workers=2),
+                               run_config=RunConfig(failure_config=FailureConfig(max_failures=2)))
+        result = trainer.fit()
+    """
+
+    _default_backend = None
+    _backend_config_cls = TorchConfig
+
+    def __init__(self, train_loop_per_worker: Callable[..., Any], *,
+                 train_loop_config: Optional[Dict[str, Any]] = None, torch_config: Optional[TorchConfig] = None,
+                 backend_config: Optional[Union[TorchConfig, BackendConfig]] = None,
+                 scaling_config: Optional[ScalingConfig] = None, run_config: Optional[RunConfig] = None,
+                 datasets: Optional[Dict[str, Any]] = None, dataset_config: Optional[DataConfig] = None,
+                 resume_from_checkpoint: Optional[Any] = None, metadata: Optional[Dict[str, Any]] = None) -> None:
+        if torch_config is not None and backend_config is not None:
+            fail("TorchTrainer", "backend_config", backend_config, "pass torch_config or backend_config, not both")
+        config = torch_config if torch_config is not None else backend_config
+        _check_type("TorchTrainer", "torch_config", config, BackendConfig, "pass a raytrain_nb.torch.TorchConfig")
+        if config is not None and config.backend == "none":
+            fail("TorchTrainer", "torch_config", config, "TorchTrainer needs gloo or nccl")
+        super().__init__(train_loop_per_worker, train_loop_config=train_loop_config, backend_config=config,
+                         scaling_config=scaling_config, run_config=run_config, datasets=datasets,
+                         dataset_config=dataset_config, resume_from_checkpoint=resume_from_checkpoint,
+                         metadata=metadata)

@@ -1,0 +1,383 @@
+"""The worker: one per rank, a plain class wrapped with ``ray.remote`` when spawned.
+
+User code (cells and functions) runs on one long-lived thread per worker, so
+grad mode, autocast and the CUDA device persist between cells. Control calls
+(``poll``, ``interrupt``, ``release``, ``ping``) run in a separate Ray
+concurrency group and are answered while a cell runs.
+"""
+from __future__ import annotations
+
+import builtins
+import ctypes
+import importlib
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from . import cell as cellmod
+from ..backend import free_port, process_group_state
+from .capture import OutputBuffer, OutputCapture
+from .cell_thread import CellThread, to_cpu
+from .display import WorkerDisplay
+from ..errors import RankFailure, failure_from_exception
+from .session import TrainContext, WorkerSession, set_session
+from .snapshot import fingerprint
+from .checkpointing import CheckpointingWorker
+from .outcome import CellOutcome
+from .replicate import sync_replicated
+
+logger = logging.getLogger(__name__)
+
+
+class Worker(CheckpointingWorker):
+    """One rank of a :class:`~raytrain_nb.WorkerGroup` (a Ray actor when spawned)."""
+
+    def __init__(self, cwd: Optional[str] = None, sys_path: Sequence[str] = (),
+                 env: Optional[Dict[str, str]] = None, capture: bool = True, preload: Sequence[str] = ()) -> None:
+        os.environ.setdefault("MPLBACKEND", "Agg")
+        for key, value in (env or {}).items():
+            os.environ[key] = value
+        if cwd and os.path.isdir(cwd):
+            os.chdir(cwd)
+        for entry in reversed(list(sys_path)):
+            if entry not in sys.path:
+                sys.path.insert(0, entry)
+        self.namespace: Dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+        self._buffer: Optional[OutputBuffer] = None
+        self._capture = OutputCapture()
+        if capture:
+            self._capture.install()
+        self._display = WorkerDisplay(self.namespace, self._publish)
+        self.namespace["display"] = self._display.display
+        self._cells = CellThread()
+        self._lock = threading.Lock()
+        self._in_user = False
+        self._interrupt_pending = False
+        self._interrupted = False
+        self._running: Optional[str] = None
+        self._done = threading.Event()
+        self._done.set()
+        self.pg = process_group_state()
+        self.session: Optional[WorkerSession] = None
+        self.rank = -1
+        self._watch_stop = threading.Event()
+        self._preloaded = threading.Event()
+        self._init_checkpointing()
+        # Import heavy modules (torch) while the driver sets up the rest of the group, on the cell
+        # thread: a second thread importing torch.distributed during that import kills the process.
+        self._cells.submit(self._preload, tuple(preload))
+
+    def _preload(self, modules: Sequence[str]) -> None:
+        try:
+            for name in modules:
+                importlib.import_module(name)
+        except Exception as exc:  # the real import in user code will report it
+            logger.debug("preloading %s failed: %s", modules, exc)
+        finally:
+            self._preloaded.set()
+
+    def warm(self) -> int:
+        """Make a standby worker ready: preloaded modules imported, and what the first optimizer or
+        DDP wrapper would import (torch._dynamo, ~1 s). Returns the pid."""
+        if self._cells.call(lambda: "torch" in sys.modules):
+            self._cells.call(importlib.import_module, "torch._dynamo")
+        return os.getpid()
+
+    # -- identity and setup --------------------------------------------------------------
+
+    def info(self) -> Dict[str, Any]:
+        """Where this worker lives: node, IP, pid, GPU ids."""
+        out: Dict[str, Any] = {"pid": os.getpid(), "hostname": os.uname().nodename}
+        try:
+            import ray
+
+            ctx = ray.get_runtime_context()
+            out["node_id"] = ctx.get_node_id()
+            out["node_ip"] = ray.util.get_node_ip_address()
+            out["gpu_ids"] = [str(g) for g in ray.get_gpu_ids()]
+        except Exception:  # not inside Ray (unit tests)
+            out.update(node_id="local", node_ip="127.0.0.1", gpu_ids=[])
+        out["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+        return out
+
+    def free_port(self) -> int:
+        return free_port()
+
+    def open_store(self, master_addr: str, world_size: int) -> int:
+        """Start the process group's rendezvous server on this (rank 0) worker; returns its port."""
+        return self._cells.call(self.pg.open_store, master_addr, world_size)
+
+    def setup(self, context: Dict[str, Any], env: Dict[str, str], backend: str,
+              master_addr: str, master_port: int, defer: bool = False) -> Dict[str, Any]:
+        """Set rank variables, then join the process group (on the cell thread).
+
+        With ``defer`` the process group is joined later (:meth:`join`), after
+        the worker replayed the group's setup cells.
+        """
+        return self._cells.call(self._setup, context, env, backend, master_addr, master_port, defer)
+
+    def _setup(self, context: Dict[str, Any], env: Dict[str, str], backend: str,
+               master_addr: str, master_port: int, defer: bool) -> Dict[str, Any]:
+        self._set_context(context, env)
+        device = "cpu"
+        self.pg.backend = backend
+        if backend != "none":
+            import torch
+
+            if torch.cuda.is_available() and os.environ.get("CUDA_VISIBLE_DEVICES", "") not in ("", "-1"):
+                torch.cuda.set_device(0)
+                device = f"cuda:{torch.cuda.current_device()} ({torch.cuda.get_device_name()})"
+            if defer:
+                self.pg.deferred = True
+            else:
+                self.pg.init(backend, master_addr, master_port, self.rank, context["world_size"])
+        return {"device": device}
+
+    def _set_context(self, context: Dict[str, Any], env: Dict[str, str]) -> None:
+        os.environ.update(env)
+        ctx = TrainContext(**context)
+        self.rank = ctx.world_rank
+        if self.session is None:
+            self.session = WorkerSession(ctx)
+        else:
+            self.session.context = ctx
+        set_session(self.session)
+        self._attach_session()
+
+    def join(self, context: Dict[str, Any], env: Dict[str, str], master_addr: str, master_port: int,
+             src: int = 0, fresh: bool = False, rank_specific: Sequence[str] = ()) -> int:
+        """(Re-)form the process group at the given rank and size; sync state from rank ``src``."""
+        return self._cells.call(self._join, context, env, master_addr, master_port, src, fresh, rank_specific)
+
+    def _join(self, context: Dict[str, Any], env: Dict[str, str], master_addr: str, master_port: int,
+              src: int, fresh: bool, rank_specific: Sequence[str]) -> int:
+        self._set_context(context, env)
+        return self.pg.join(self.pg.backend, master_addr, master_port, self.rank, context["world_size"],
+                            sync=lambda: sync_replicated(self.namespace, src=src, fresh=fresh,
+                                                         rank_specific=rank_specific))
+
+    def replay(self, cells: Sequence[Tuple[int, str]]) -> List[str]:
+        """Re-run setup cells on a new worker (collectives deferred); returns the failures, one line each."""
+        failed = []
+        for cell_id, source in cells:
+            failure = self._cells.call(self._run_cell, source, cell_id, False).failure
+            if failure is not None:
+                failed.append(f"cell {cell_id}: {failure.type_name}: {failure.message}")
+        return failed
+
+    # -- running user code ---------------------------------------------------------------
+
+    def _publish(self, data: Dict[str, Any], metadata: Dict[str, Any]) -> None:
+        buf = self._buffer
+        if buf is not None:
+            buf.display(data, metadata)
+
+    def _enter_user(self) -> None:
+        with self._lock:
+            self._in_user = True
+            self._interrupt_pending = False
+
+    def _leave_user(self) -> None:
+        # An interrupt aimed at user code must never fire in ours: clear it if pending.
+        while True:
+            try:
+                with self._lock:
+                    self._in_user = False
+                    if self._interrupt_pending:
+                        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._cells.ident), None)
+                        self._interrupt_pending = False
+                return
+            except KeyboardInterrupt:
+                continue
+
+    def _call_user(self, fn: Callable[..., Any], *args: Any) -> Any:
+        self._enter_user()
+        try:
+            return fn(*args)
+        finally:
+            while True:
+                try:
+                    self._leave_user()
+                    break
+                except KeyboardInterrupt:
+                    continue
+
+    def _failure(self, exc: BaseException) -> RankFailure:
+        tb = cellmod.format_user_traceback(exc)
+        return failure_from_exception(self.rank, exc, tb, node=os.uname().nodename)
+
+    def _begin(self, label: str) -> OutputBuffer:
+        buf = OutputBuffer()
+        with self._lock:
+            self._buffer = buf
+            self._running = label
+            self._interrupted = False
+            self._done.clear()
+        self._capture.start(buf)
+        if self.session is not None:
+            self.session.reports_this_cell = 0
+        self.pg.forwards = 0
+        return buf
+
+    def _end(self, result: CellOutcome) -> CellOutcome:
+        self._take_requested()  # a snapshot asked for during the cell, which reported no step since
+        try:
+            self._capture.stop()
+        finally:
+            with self._lock:
+                buf, self._buffer = self._buffer, None
+                self._running = None
+                result.outputs = buf.drain() if buf is not None else []
+                result.metrics = self.session.drain() if self.session is not None else []
+                result.reports = self.session.reports_this_cell if self.session is not None else 0
+                result.forwards = self.pg.forwards
+                result.interrupted = self._interrupted
+                result.pg_broken = self.pg.broken
+                self._done.set()
+        return result
+
+    def run_cell(self, source: str, cell_id: int, show_value: bool = True, report_base: int = 0) -> CellOutcome:
+        """Run cell source in the persistent namespace; return outputs, value and failure.
+
+        ``report_base`` numbers the checkpoints this cell reports (``checkpoint_<base + i>``).
+        """
+        return self._cells.call(self._run_cell, source, cell_id, show_value, report_base)
+
+    def _run_cell(self, source: str, cell_id: int, show_value: bool, report_base: int = 0) -> CellOutcome:
+        self._report_base = report_base
+        filename = f"<cell-{cell_id}>"
+        self._begin(filename)
+        result = CellOutcome(rank=self.rank)
+        started = time.perf_counter()
+        try:
+            try:
+                if cellmod.needs_ipython(source) or "display" in source or "IPython" in source:
+                    self._display.ensure_shell()
+                code = cellmod.transform(source)
+                body, tail = cellmod.compile_cell(code, filename)
+                value = self._call_user(cellmod.run_compiled, body, tail, self.namespace)
+                self._display.flush_figures()
+                if show_value and value is not None:
+                    result.value = self._display.format(value)
+                result.fingerprint = fingerprint(self.namespace)
+            except BaseException as exc:  # noqa: BLE001 - reported to the driver
+                try:
+                    self._display.flush_figures()
+                except Exception:
+                    pass
+                result.failure = self._failure(exc)
+        finally:
+            result.duration = time.perf_counter() - started
+            self._end(result)
+        return result
+
+    def execute(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, Any],
+                report_base: int = 0) -> CellOutcome:
+        """Call ``fn(*args, **kwargs)`` on the cell thread; return its value or failure."""
+        return self._cells.call(self._execute, fn, args, kwargs, report_base)
+
+    def _execute(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, Any],
+                 report_base: int = 0) -> CellOutcome:
+        self._report_base = report_base
+        self._begin(getattr(fn, "__name__", "function"))
+        result = CellOutcome(rank=self.rank)
+        started = time.perf_counter()
+        try:
+            try:
+                result.value = self._call_user(fn, *args, **kwargs) if not kwargs else \
+                    self._call_user(lambda: fn(*args, **kwargs))
+            except BaseException as exc:  # noqa: BLE001
+                result.failure = self._failure(exc)
+        finally:
+            result.duration = time.perf_counter() - started
+            self._end(result)
+        return result
+
+    def push(self, values: Dict[str, Any]) -> None:
+        self.namespace.update(values)
+
+    def pull(self, name: str) -> Any:
+        if name not in self.namespace:
+            raise NameError(f"name {name!r} is not defined on rank {self.rank}")
+        return to_cpu(self.namespace[name])
+
+    def shutdown_backend(self) -> None:
+        self._watch_stop.set()
+        try:
+            self.pg.destroy()
+        except Exception as exc:
+            logger.debug("shutdown: %s", exc)
+
+    # -- control channel (answered while a cell runs) -------------------------------------
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def watch(self) -> None:
+        """Returns only at shutdown: the driver notices this worker's death by this call failing."""
+        self._watch_stop.wait()
+
+    def poll(self) -> Dict[str, Any]:
+        """Output and metrics produced since the last poll."""
+        with self._lock:
+            buf = self._buffer
+            running = self._running
+        return {
+            "outputs": buf.drain() if buf is not None else [],
+            "metrics": self.session.drain() if self.session is not None else [],
+            "running": running,
+        }
+
+    def release(self) -> bool:
+        """Break this rank's process group so peers blocked in a collective fail at once."""
+        return self.pg.break_()
+
+    def stack(self) -> str:
+        """The Python stack of the cell thread."""
+        frame = sys._current_frames().get(self._cells.ident)
+        return "".join(traceback.format_stack(frame)) if frame is not None else ""
+
+    def interrupt(self, grace_s: float = 0.3, release_wait_s: float = 1.2) -> Dict[str, Any]:
+        """Raise KeyboardInterrupt in the running user code; release it if blocked in C.
+
+        Returns:
+            ``{"state": "idle"|"stopped"|"released"|"stuck", "stack": ...}``.
+        """
+        with self._lock:
+            if not self._in_user:
+                return {"rank": self.rank, "state": "idle" if self._done.is_set() else "finishing"}
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(self._cells.ident), ctypes.py_object(KeyboardInterrupt)
+            )
+            self._interrupt_pending = True
+            self._interrupted = True
+        if self._done.wait(grace_s):
+            return {"rank": self.rank, "state": "stopped"}
+        # Still running: probably blocked in a C call such as a collective.
+        self.pg.break_()
+        if self._done.wait(release_wait_s):
+            return {"rank": self.rank, "state": "released"}
+        return {"rank": self.rank, "state": "stuck", "stack": self.stack()}
+
+
+CONTROL_METHODS = ("ping", "poll", "release", "stack", "interrupt", "request_snapshot", "cancel_snapshot",
+                   "snapshot_wait", "pull")  # pull: reading a value works while a cell runs
+for _name in CONTROL_METHODS:  # what ray.method(concurrency_group="control") sets
+    getattr(Worker, _name).__ray_concurrency_group__ = "control"
+Worker.watch.__ray_concurrency_group__ = "monitor"
+
+_REMOTE: Any = None
+
+
+def remote_worker_class() -> Any:
+    """``Worker`` as a Ray actor class with a ``control`` concurrency group."""
+    global _REMOTE
+    if _REMOTE is None:
+        import ray
+
+        _REMOTE = ray.remote(concurrency_groups={"control": 4, "monitor": 1})(Worker)
+    return _REMOTE

@@ -1,0 +1,146 @@
+"""Checkpoint methods of the worker actor (a mixin of :class:`~.worker.Worker`)."""
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+from typing import Any, Dict, Optional, Sequence
+
+from ..checkpoint import reported
+from ..checkpoint.staging import StagedDir
+from ..checkpoint.storage_check import read_marker
+from . import snapshot_io
+from .session import get_context
+
+logger = logging.getLogger(__name__)
+
+
+class CheckpointingWorker:
+    """Snapshots of the warm state, rollback, and uploads of reported checkpoints."""
+
+    namespace: Dict[str, Any]
+    rank: int
+    session: Any
+    _cells: Any
+
+    def _init_checkpointing(self) -> None:
+        self._run_url: Optional[str] = None
+        self._report_base = 0
+        self._snap_lock = threading.Lock()
+        self._snap_future: Optional["concurrent.futures.Future[Dict[str, Any]]"] = None
+        self._snap_request: Optional[tuple] = None
+
+    def _attach_session(self) -> None:
+        """Point the session's report/get_checkpoint at this worker's storage."""
+        if self.session is not None and self._run_url is not None:
+            self.session.upload = self._upload
+            self.session.report_name = self.report_name
+            self.session.latest = self._latest
+            self.session.on_report = self._on_report
+
+    def set_storage(self, run_url: Optional[str]) -> None:
+        self._run_url = run_url
+        self._attach_session()
+
+    def _upload(self, index: int, checkpoint: Any, metrics: Dict[str, Any]) -> None:
+        staged = reported.report_staging(self._run_url, self.report_name(index))
+        with checkpoint.as_directory() as local:
+            reported.upload(staged, self.rank, local, metrics)
+
+    def report_name(self, index: int) -> str:
+        """The name the ``index``-th report of the running cell gives its checkpoint."""
+        return f"checkpoint_{self._report_base + index:06d}"
+
+    def _latest(self) -> Any:
+        from ..checkpoint.manager import CheckpointManager
+        from ..errors import CheckpointError
+
+        try:
+            entry = CheckpointManager.load(self._run_url).latest("reported")
+        except CheckpointError:
+            return None
+        return entry.checkpoint if entry is not None else None
+
+    # -- snapshots ---------------------------------------------------------------------------
+
+    def snapshot(self, staged: StagedDir, var_names: Sequence[str], background: bool) -> Dict[str, Any]:
+        """Snapshot now (between cells). With ``background``, copy now and write in a thread."""
+        return self._cells.call(self._snapshot, staged, tuple(var_names), background)
+
+    def _snapshot(self, staged: StagedDir, var_names: Sequence[str], background: bool) -> Dict[str, Any]:
+        world = self.session.context.world_size if self.session is not None else 1
+        # Between cells nothing changes the state before it is written, unless it is written later.
+        taken = snapshot_io.take(self.namespace, self.rank, world, var_names, copy=background)
+        fut: "concurrent.futures.Future[Dict[str, Any]]" = concurrent.futures.Future()
+        with self._snap_lock:
+            self._snap_future = fut
+
+        def write() -> None:
+            try:
+                snapshot_io.write(taken, staged)
+                fut.set_result({"rank": self.rank})
+            except BaseException as exc:  # noqa: BLE001 - handed to snapshot_wait
+                fut.set_exception(exc)
+
+        if background:
+            threading.Thread(target=write, name="rtnb-snapshot", daemon=True).start()
+        else:
+            write()
+            fut.result()
+        return {"rank": self.rank}
+
+    def request_snapshot(self, staged: StagedDir, var_names: Sequence[str]) -> None:
+        """Snapshot at the next ``report()`` of the running cell (a step boundary), or when it ends."""
+        with self._snap_lock:
+            self._snap_future = concurrent.futures.Future()
+            self._snap_request = (staged, tuple(var_names))
+
+    def cancel_snapshot(self) -> None:
+        with self._snap_lock:
+            self._snap_request = None
+
+    def _on_report(self, record: Dict[str, Any]) -> None:
+        self._take_requested()
+
+    def _take_requested(self) -> None:
+        with self._snap_lock:
+            request, self._snap_request = self._snap_request, None
+            fut = self._snap_future
+        if request is None or fut is None:
+            return
+        staged, var_names = request
+        try:
+            world = self.session.context.world_size if self.session is not None else 1
+            taken = snapshot_io.take(self.namespace, self.rank, world, var_names)
+        except BaseException as exc:  # noqa: BLE001
+            fut.set_exception(exc)
+            return
+
+        def write() -> None:
+            try:
+                snapshot_io.write(taken, staged)
+                fut.set_result({"rank": self.rank})
+            except BaseException as exc:  # noqa: BLE001
+                fut.set_exception(exc)
+
+        threading.Thread(target=write, name="rtnb-snapshot", daemon=True).start()
+
+    def snapshot_wait(self, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Wait for this rank's snapshot files to be written (re-raises a write error)."""
+        with self._snap_lock:
+            fut = self._snap_future
+        if fut is None:
+            raise RuntimeError("no snapshot was asked of this worker")
+        try:
+            return fut.result(timeout)
+        except concurrent.futures.TimeoutError:
+            return {"rank": self.rank, "timeout": True}
+
+    def rollback(self, url: str, allow_pickle: bool = False) -> Dict[str, Any]:
+        """Load a snapshot into this rank's namespace, in place."""
+        return self._cells.call(snapshot_io.load, self.namespace, url, self.rank, allow_pickle)
+
+
+def read_storage_marker(url: str, token: str) -> None:
+    """On a worker: read the driver's marker in the run directory, write this rank's."""
+    read_marker(url, token, rank=get_context().get_world_rank())

@@ -1,0 +1,61 @@
+"""What one rank's cell (or function call) came to: the one record the driver reads by name."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List, Optional
+
+from ..errors import RankFailure
+
+
+@dataclasses.dataclass
+class CellOutcome:
+    """One rank's outcome of a cell or function call.
+
+    Built by the worker when the cell ends (:meth:`Worker._end`), or by the driver for a rank
+    that never answered: :meth:`died` (its process died or stopped answering) and :meth:`replaced`
+    (it did not stop after an interrupt and was replaced).
+
+    Attributes:
+        rank: the world rank.
+        failure: what the rank raised (None when it succeeded).
+        value: the rendered value of the cell's last expression, or the function's return value.
+        outputs: output produced since the last poll.
+        metrics: ``report()`` records since the last poll.
+        reports: how many times the cell called ``report()``.
+        forwards: forward passes of prepared models during the cell.
+        interrupted: an interrupt reached the rank's user code.
+        pg_broken: the rank's process group was broken to release a collective.
+        fingerprint: fingerprints of the plain variables after the cell.
+        duration: seconds the cell ran on the worker.
+        dead: the rank's worker died or stopped answering during the cell.
+        replaced: the rank's worker was replaced during the cell.
+    """
+
+    rank: int
+    failure: Optional[RankFailure] = None
+    value: Any = None
+    outputs: List[Any] = dataclasses.field(default_factory=list)
+    metrics: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+    reports: int = 0
+    forwards: int = 0
+    interrupted: bool = False
+    pg_broken: bool = False
+    fingerprint: Dict[str, str] = dataclasses.field(default_factory=dict)
+    duration: float = 0.0
+    dead: bool = False
+    replaced: bool = False
+
+    @classmethod
+    def died(cls, rank: int, failure: RankFailure) -> "CellOutcome":
+        """A rank whose worker died or stopped answering."""
+        return cls(rank=rank, failure=failure, dead=True)
+
+    @classmethod
+    def replaced_rank(cls, rank: int, failure: RankFailure) -> "CellOutcome":
+        """A rank whose worker was replaced because it did not stop."""
+        return cls(rank=rank, failure=failure, replaced=True)
+
+    @property
+    def own_failure(self) -> bool:
+        """It raised an error of its own (not only released from a collective by a peer's)."""
+        return self.failure is not None and not self.failure.collateral

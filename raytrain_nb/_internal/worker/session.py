@@ -1,0 +1,214 @@
+"""Worker-side API, named as in Ray Train: ``report``, ``get_context``, ``get_checkpoint``.
+
+These functions are called by user code running on a worker (in a notebook
+cell or in a trainer's loop). They never import torch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainContext:
+    """Where this worker stands in the group (Ray Train's ``TrainContext``)."""
+
+    world_rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    experiment_name: str = ""
+
+    def get_world_rank(self) -> int:
+        """This worker's rank in the group, 0..world_size-1."""
+        return self.world_rank
+
+    def get_world_size(self) -> int:
+        """Number of workers in the group."""
+        return self.world_size
+
+    def get_local_rank(self) -> int:
+        """This worker's rank among the workers on its node."""
+        return self.local_rank
+
+    def get_local_world_size(self) -> int:
+        """Number of workers on this worker's node."""
+        return self.local_world_size
+
+    def get_node_rank(self) -> int:
+        """Index of this worker's node among the group's nodes."""
+        return self.node_rank
+
+    def get_experiment_name(self) -> str:
+        """The run's name."""
+        return self.experiment_name
+
+    def get_trial_name(self) -> str:
+        return self.experiment_name
+
+
+def _plain(value: Any) -> Any:
+    """A reported value as a plain Python number where it is a 1-element tensor/array."""
+    item = getattr(value, "item", None)
+    if item is not None and callable(item):
+        try:
+            return item()
+        except (ValueError, RuntimeError, TypeError):
+            return value
+    return value
+
+
+class WorkerSession:
+    """Per-process state the worker-side API reads; set up by the worker actor."""
+
+    def __init__(self, context: TrainContext, history: int = 10_000) -> None:
+        self.context = context
+        self._lock = threading.Lock()
+        self._pending: List[Dict[str, Any]] = []
+        self._seq = 0
+        self.history = history
+        self.reports_this_cell = 0
+        self.on_report: Optional[Callable[[Dict[str, Any]], None]] = None
+        #: set by the worker: ``upload(index, checkpoint) -> name`` and ``latest() -> Checkpoint|None``
+        self.upload: Optional[Callable[[int, Any, Dict[str, Any]], None]] = None
+        self.report_name: Optional[Callable[[int], str]] = None
+        self.latest: Optional[Callable[[], Any]] = None
+
+    def report(self, metrics: Dict[str, Any], total: Optional[int] = None, checkpoint: Any = None) -> None:
+        if not isinstance(metrics, dict):
+            raise TypeError(f"report() takes a dict of metrics, got {type(metrics).__name__}: "
+                            "call report({'loss': loss}) ")
+        record = {
+            "rank": self.context.world_rank,
+            "time": time.time(),
+            "metrics": {str(k): _plain(v) for k, v in metrics.items()},
+        }
+        if total is not None:
+            record["total"] = int(total)
+        if self.report_name is not None:
+            record["report"] = self.report_name(self.reports_this_cell)
+        if checkpoint is not None:
+            if self.upload is None:
+                raise RuntimeError("report(checkpoint=...) needs a run directory: this worker has no storage")
+            self.upload(self.reports_this_cell, checkpoint, record["metrics"])
+            record["checkpoint"] = True
+        with self._lock:
+            self._seq += 1
+            record["seq"] = self._seq
+            if len(self._pending) < self.history:
+                self._pending.append(record)
+            else:  # the driver is not draining: keep the newest
+                self._pending.pop(0)
+                self._pending.append(record)
+            self.reports_this_cell += 1
+        if self.on_report is not None:
+            self.on_report(record)
+
+    def drain(self) -> List[Dict[str, Any]]:
+        with self._lock:
+            out, self._pending = self._pending, []
+            return out
+
+
+_session: Optional[WorkerSession] = None
+
+
+def set_session(session: Optional[WorkerSession]) -> None:
+    global _session
+    _session = session
+
+
+def _get_session(fn: str) -> WorkerSession:
+    if _session is None:
+        raise RuntimeError(
+            f"raytrain_nb.{fn}() works only on a worker: call it inside a %%distributed cell, "
+            "a WorkerGroup.run/execute, or a trainer's train_loop_per_worker"
+        )
+    return _session
+
+
+def get_context() -> TrainContext:
+    """The calling worker's :class:`TrainContext` (rank, world size, node rank...).
+
+    Example:
+        >>> ctx = raytrain_nb.get_context()          # doctest: +SKIP
+        >>> ctx.get_world_rank(), ctx.get_world_size()  # doctest: +SKIP
+        (0, 2)
+    """
+    return _get_session("get_context").context
+
+
+def report(metrics: Dict[str, Any], checkpoint: Any = None, *, total: Optional[int] = None) -> None:
+    """Report metrics from a worker; they reach the driver within 300 ms.
+
+    Never blocks training: the record is queued and the driver collects it.
+
+    Args:
+        metrics: a dict of numbers (1-element tensors are converted).
+        checkpoint: a ``Checkpoint`` to save with these metrics.
+        total: the total number of steps, for progress bars.
+
+    With a ``checkpoint`` (``Checkpoint.from_directory(tmpdir)``), this rank's
+    files are uploaded into the run's next checkpoint directory before
+    ``report`` returns; files from several ranks merge into one checkpoint,
+    committed once every rank reported; rank 0's metrics are attached to it.
+    Every rank must call ``report`` the same number of times.
+    """
+    session = _get_session("report")
+    session.report(metrics, total=total, checkpoint=checkpoint)
+
+
+def get_checkpoint() -> Any:
+    """The newest committed checkpoint reported in this run, or ``None`` (none exist yet).
+
+    Example:
+        >>> ckpt = raytrain_nb.get_checkpoint()     # doctest: +SKIP
+        >>> if ckpt:
+        ...     with ckpt.as_directory() as d:
+        ...         model.load_state_dict(torch.load(os.path.join(d, "model.pt")))
+    """
+    session = _get_session("get_checkpoint")
+    return session.latest() if session.latest is not None else None
+
+
+def get_dataset_shard(name: str = "train") -> Any:
+    """This worker's shard of a dataset given to the trainer (``datasets=``) or ``group.attach_datasets``.
+
+    Returns:
+        A Ray Data ``DataIterator`` (``iter_torch_batches``, ``iter_batches``).
+
+    Raises:
+        KeyError: no dataset of that name (naming those that exist).
+    """
+    _get_session("get_dataset_shard")
+    return _shard(name)
+
+
+# -- Ray Data shards, set by the driver (group.attach_datasets, TorchTrainer(datasets=...)) ---------
+
+#: On a worker: dataset name -> this rank's DataIterator.
+_SHARDS: Dict[str, Any] = {}
+
+
+def _shard(name: str) -> Any:
+    """This worker's iterator for dataset ``name`` (see ``raytrain_nb.get_dataset_shard``).
+
+    Raises:
+        KeyError: no dataset of that name was given, naming the ones that were.
+    """
+    if name not in _SHARDS:
+        have = f"the datasets given are {', '.join(sorted(_SHARDS))}" if _SHARDS else \
+            "no datasets were given: pass datasets={'train': ds} to the trainer, or group.attach_datasets(train=ds)"
+        raise KeyError(f"get_dataset_shard({name!r}): no dataset named {name!r}; {have}")
+    return _SHARDS[name]
+
+
+def set_shards(per_rank: List[Dict[str, Any]]) -> List[str]:
+    """On each worker: keep this rank's iterators (the same list goes to every rank)."""
+    rank = get_context().get_world_rank()
+    _SHARDS.clear()
+    _SHARDS.update(per_rank[rank])
+    return sorted(_SHARDS)

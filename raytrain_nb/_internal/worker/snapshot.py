@@ -1,0 +1,247 @@
+"""The tracked warm state of a worker's namespace: collect it, save it, load it back in place.
+
+Tracked = every ``torch.nn.Module`` (a DDP wrapper counts as its module),
+optimizer, LR scheduler and ``GradScaler`` bound to a name in the namespace,
+plus the torch/numpy/python RNG states (as tensors, so they load with
+``weights_only=True``), plus the plain variables the user names. Rollback
+loads the values into the same objects, so references the user holds stay
+valid.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import pickle
+import random
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ..errors import SnapshotError
+
+
+
+
+_PLAIN = (int, float, str, bool, type(None), bytes)
+
+
+@dataclasses.dataclass
+class Tracked:
+    """Objects found in a namespace, by name."""
+
+    modules: Dict[str, Any]
+    optimizers: Dict[str, Any]
+    schedulers: Dict[str, Any]
+    scalers: Dict[str, Any]
+
+    def names(self) -> List[str]:
+        return sorted([*self.modules, *self.optimizers, *self.schedulers, *self.scalers])
+
+
+def _unwrap(module: Any) -> Any:
+    return getattr(module, "module", module) if type(module).__name__ in (
+        "DistributedDataParallel", "DataParallel") else module
+
+
+def find_tracked(namespace: Dict[str, Any]) -> Tracked:
+    """Find the modules, optimizers, schedulers and grad scalers bound to names.
+
+    Raises:
+        SnapshotError: an optimizer whose parameters belong to no tracked module
+            (rollback would restore its momentum but not the weights).
+    """
+    import torch
+
+    tracked = Tracked({}, {}, {}, {})
+    seen_modules: Dict[int, str] = {}
+    for name in sorted(namespace):
+        if name.startswith("_"):
+            continue
+        obj = namespace[name]
+        if isinstance(obj, torch.nn.Module):
+            inner = _unwrap(obj)
+            if id(inner) not in seen_modules:  # `model` and `model.module` are one module
+                seen_modules[id(inner)] = name
+                tracked.modules[name] = inner
+        elif isinstance(obj, torch.optim.Optimizer):
+            tracked.optimizers[name] = obj
+        elif isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
+            tracked.schedulers[name] = obj
+        elif type(obj).__name__ == "GradScaler" and hasattr(obj, "state_dict"):
+            tracked.scalers[name] = obj
+    params = {id(p) for m in tracked.modules.values() for p in m.parameters()}
+    for name, opt in tracked.optimizers.items():
+        if not any(id(p) in params for g in opt.param_groups for p in g["params"]):
+            raise SnapshotError(
+                f"optimizer {name!r} optimizes parameters of no model bound to a name: bind the model to a "
+                "variable (e.g. model = ...) so its weights are saved with the optimizer's state"
+            )
+    return tracked
+
+
+def rng_state() -> Dict[str, Any]:
+    """torch, numpy and python RNG states as tensors (loadable with weights_only=True)."""
+    import torch
+
+    state: Dict[str, Any] = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    try:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        state["numpy"] = {"keys": torch.from_numpy(keys.astype("int64")), "pos": torch.tensor(pos),
+                          "has_gauss": torch.tensor(has_gauss), "gauss": torch.tensor(gauss)}
+    except ImportError:
+        pass
+    version, internal, gauss = random.getstate()
+    state["python"] = {"version": torch.tensor(version), "internal": torch.tensor(internal, dtype=torch.int64),
+                       "gauss": torch.tensor(float("nan") if gauss is None else gauss)}
+    return state
+
+
+def set_rng_state(state: Dict[str, Any]) -> None:
+    import math
+
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    if "numpy" in state:
+        import numpy as np
+
+        s = state["numpy"]
+        np.random.set_state(("MT19937", s["keys"].numpy().astype("uint32"), int(s["pos"]),
+                             int(s["has_gauss"]), float(s["gauss"])))
+    p = state["python"]
+    gauss = float(p["gauss"])
+    random.setstate((int(p["version"]), tuple(int(x) for x in p["internal"].tolist()),
+                     None if math.isnan(gauss) else gauss))
+
+
+def _to_cpu(obj: Any, copy: bool = True) -> Any:
+    """A state dict with every tensor on the CPU; with ``copy``, a deep copy (consistent while training goes on)."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=copy)
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v, copy) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v, copy) for v in obj)
+    return obj
+
+
+def capture(namespace: Dict[str, Any], var_names: Sequence[str] = (),
+            copy: bool = True) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """The tracked state now: ``(replicated, own)``; ``copy=False`` when it is written before user code runs again.
+
+    ``replicated`` (modules, optimizers, schedulers, scalers, named variables)
+    is the same on every rank and written by rank 0; ``own`` (RNG states) is
+    this rank's.
+
+    Raises:
+        SnapshotError: a named variable does not exist.
+    """
+    tracked = find_tracked(namespace)
+    missing = [v for v in var_names if v not in namespace]
+    if missing:
+        raise SnapshotError(f"--vars names variable(s) {', '.join(missing)} that do not exist on the workers")
+    replicated = {
+        "modules": {n: _to_cpu(m.state_dict(), copy) for n, m in tracked.modules.items()},
+        "optimizers": {n: _to_cpu(o.state_dict(), copy) for n, o in tracked.optimizers.items()},
+        "schedulers": {n: _to_cpu(s.state_dict(), copy) for n, s in tracked.schedulers.items()},
+        "scalers": {n: _to_cpu(s.state_dict(), copy) for n, s in tracked.scalers.items()},
+        "vars": {n: _to_cpu(namespace[n], copy) for n in var_names},
+    }
+    return replicated, {"rng": rng_state()}
+
+
+def fingerprint(namespace: Dict[str, Any]) -> Dict[str, str]:
+    """A short digest of each plain variable (numbers, strings...), to tell what changed later."""
+    out: Dict[str, str] = {}
+    for name, value in namespace.items():
+        if name.startswith("_") or not isinstance(value, _PLAIN + (tuple, list)):
+            continue
+        if isinstance(value, (tuple, list)) and (len(value) > 100 or not all(isinstance(v, _PLAIN) for v in value)):
+            continue
+        out[name] = hashlib.sha1(repr(value).encode()).hexdigest()[:12]
+    return out
+
+
+def changed_since(namespace: Dict[str, Any], before: Dict[str, str], restored: Sequence[str]) -> List[str]:
+    """Plain variables, not restored, whose value differs from the snapshot's (or that are new/gone)."""
+    now = fingerprint(namespace)
+    names = (set(before) | set(now)) - set(restored)
+    return sorted(n for n in names if before.get(n) != now.get(n) and n not in ("In", "Out"))
+
+
+def restore(namespace: Dict[str, Any], replicated: Dict[str, Any], own: Optional[Dict[str, Any]]) -> List[str]:
+    """Load saved state into the same objects in ``namespace``; return the names restored.
+
+    Raises:
+        SnapshotError: a saved object is no longer in the namespace (or changed type/shape);
+            nothing is loaded in that case.
+    """
+    import torch
+
+    tracked = find_tracked(namespace)
+    kinds = (("modules", tracked.modules), ("optimizers", tracked.optimizers),
+             ("schedulers", tracked.schedulers), ("scalers", tracked.scalers))
+    lost = [f"{name} ({kind[:-1]})" for kind, live in kinds for name in replicated.get(kind, {}) if name not in live]
+    if lost:
+        raise SnapshotError(
+            f"cannot roll back: {', '.join(lost)} no longer exist in the workers' namespace; re-create them "
+            "(re-run their cell), then roll back again"
+        )
+    for name, state in replicated.get("modules", {}).items():  # check every shape before loading anything
+        live = tracked.modules[name].state_dict()
+        bad = [k for k, v in state.items() if k not in live or tuple(live[k].shape) != tuple(v.shape)]
+        if bad or set(live) - set(state):
+            raise SnapshotError(f"cannot roll back {name!r}: its structure changed since the snapshot "
+                                f"({', '.join((bad or sorted(set(live) - set(state)))[:3])}); nothing was loaded")
+    restored: List[str] = []
+    with torch.no_grad():
+        for kind, live in kinds:
+            for name, state in replicated.get(kind, {}).items():
+                live[name].load_state_dict(state)
+                restored.append(name)
+    for name, value in replicated.get("vars", {}).items():
+        namespace[name] = value
+        restored.append(name)
+    if own and "rng" in own:
+        set_rng_state(own["rng"])
+    return restored
+
+
+def dumps(state: Dict[str, Any]) -> bytes:
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return buf.getvalue()
+
+
+def loads(data: Any, what: str, allow_pickle: bool = False) -> Dict[str, Any]:
+    """Load a saved state (bytes, or a local file path, memory-mapped) with ``weights_only=True``
+    (plain variables may need ``allow_pickle``).
+
+    Raises:
+        SnapshotError: the file is truncated, edited or needs unpickling that was not allowed.
+    """
+    import torch
+
+    try:
+        if isinstance(data, str):
+            return torch.load(data, weights_only=not allow_pickle, map_location="cpu", mmap=True)
+        return torch.load(io.BytesIO(data), weights_only=not allow_pickle, map_location="cpu")
+    except pickle.UnpicklingError as exc:
+        if allow_pickle:
+            raise SnapshotError(f"{what} is damaged: {str(exc).splitlines()[0]}") from None
+        raise SnapshotError(
+            f"{what} holds objects that only load by unpickling code ({str(exc).splitlines()[0][:120]}); "
+            "roll back with allow_pickle=True if you trust this storage"
+        ) from None
+    except (RuntimeError, EOFError, ValueError, OSError) as exc:
+        raise SnapshotError(f"{what} is truncated or damaged ({type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0][:160]}); nothing was loaded") from None

@@ -1,0 +1,84 @@
+"""Worker side of snapshots: take, write and load the warm state of one rank.
+
+Snapshot layout (one committed directory)::
+
+    replicated.pt      models, optimizers, schedulers, grad scalers, --vars (written by rank 0)
+    rank-<r>.pt        RNG states of rank r (written by each rank)
+    snapshot.json      world size, variable names, fingerprints of plain variables (rank 0)
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any, Dict, Optional, Sequence
+
+from .snapshot import capture, changed_since, fingerprint, loads, restore
+from ..checkpoint.staging import StagedDir, verify_dir
+from ..checkpoint.storage import is_local, join, resolve
+
+logger = logging.getLogger(__name__)
+
+REPLICATED = "replicated.pt"
+META = "snapshot.json"
+
+
+def rank_file(rank: int) -> str:
+    return f"rank-{rank}.pt"
+
+
+def take(namespace: Dict[str, Any], rank: int, world_size: int, var_names: Sequence[str],
+         copy: bool = True) -> Dict[str, Any]:
+    """The tracked state now; with ``copy``, CPU copies to write later (even while training goes on)."""
+    replicated, own = capture(namespace, var_names, copy=copy)
+    own["fingerprint"] = fingerprint(namespace)  # this rank's, to tell what changed at rollback
+    return {"rank": rank, "world_size": world_size, "replicated": replicated if rank == 0 else None,
+            "own": own, "vars": list(var_names), "fingerprint": fingerprint(namespace)}
+
+
+def write(taken: Dict[str, Any], staged: StagedDir) -> None:
+    """Write a taken snapshot's files for this rank into the staged directory."""
+    rank = taken["rank"]
+    if taken["replicated"] is not None:
+        _save(taken["replicated"], staged, REPLICATED)
+        meta = {"world_size": taken["world_size"], "vars": taken["vars"], "fingerprint": taken["fingerprint"]}
+        with staged.open(META) as fh:
+            fh.write(json.dumps(meta).encode())
+    _save(taken["own"], staged, rank_file(rank))
+
+
+def _save(obj: Any, staged: StagedDir, name: str) -> None:
+    import torch
+
+    if is_local(staged.fs):  # straight to the file: no fsspec buffering on the hot path
+        os.makedirs(staged.path, exist_ok=True)
+        torch.save(obj, os.path.join(staged.path, name))
+    else:
+        with staged.open(name) as fh:
+            torch.save(obj, fh)
+
+
+def _read(fs: Any, path: str) -> Any:
+    """A local path (to memory-map) or the file's bytes."""
+    return path if is_local(fs) else fs.cat_file(path)
+
+
+def load(namespace: Dict[str, Any], url: str, rank: int, allow_pickle: bool = False) -> Dict[str, Any]:
+    """Roll this rank's namespace back to the snapshot at ``url``, in place.
+
+    Returns:
+        ``{"restored": [...names], "changed": [...plain variables changed since, not restored]}``.
+
+    Raises:
+        CheckpointError / SnapshotError: a missing, truncated or edited file (named); nothing loaded.
+    """
+    fs, path = resolve(url)
+    verify_dir(fs, path)  # every file present with its committed size
+    meta = json.loads(fs.cat_file(join(path, META)).decode())
+    replicated = loads(_read(fs, join(path, REPLICATED)), f"{url}/{REPLICATED}", allow_pickle)
+    own: Optional[Dict[str, Any]] = None
+    if fs.exists(join(path, rank_file(rank))):
+        own = loads(_read(fs, join(path, rank_file(rank))), f"{url}/{rank_file(rank)}", allow_pickle)
+    restored = restore(namespace, replicated, own)
+    before = (own or {}).get("fingerprint") or meta.get("fingerprint", {})
+    return {"restored": restored, "changed": changed_since(namespace, before, restored)}

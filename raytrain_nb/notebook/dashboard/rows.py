@@ -1,0 +1,112 @@
+"""One dashboard row per rank: rank, node, pid, device, state badge, progress bar, steps/s, metrics.
+
+A dead (or unresponsive) worker's row turns red, with the cause in place of its metrics, and
+stays so until the worker is replaced: nothing but a new worker state clears it. Rows carry CSS
+classes (``rtnb-rank-N``, ``rtnb-state-STATE``) so a browser test can find them.
+"""
+from __future__ import annotations
+
+import html
+import time
+from typing import List
+
+import ipywidgets as w
+
+from .model import GONE, STATE_COLOURS, RankView, format_metrics
+
+#: (column, width) of each cell of a row.
+COLUMNS = (("rank", "44px"), ("node", "110px"), ("pid", "64px"), ("device", "58px"), ("state", "104px"),
+           ("progress", "180px"), ("done", "84px"), ("rate", "92px"), ("metrics", "340px"))
+BAR_STYLES = {"running": "info", "idle": "success", "failed": "warning", "dead": "danger",
+              "unresponsive": "danger"}
+TEXT_INTERVAL_S = 0.5
+DEAD_BACKGROUND = "#fdecea"
+#: A long cause or metrics line stays one line (cut with an ellipsis); the tooltip has all of it.
+ONE_LINE = "display:block;white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
+
+
+def _cell(width: str, value: str = "") -> w.HTML:
+    return w.HTML(value=value, layout=w.Layout(width=width, min_width=width, margin="0 4px 0 0"))
+
+
+def header_row() -> w.HBox:
+    """The column titles."""
+    cells: List[w.Widget] = []
+    for name, width in COLUMNS:
+        title = {"done": "steps", "rate": "speed", "metrics": "latest metrics"}.get(name, name)
+        cells.append(_cell(width, f"<b>{title}</b>"))
+    return w.HBox(cells, layout=w.Layout(border_bottom="1px solid #ccc"))
+
+
+class RowWidgets:
+    """The widgets of one rank's row; :meth:`update` shows a :class:`RankView`."""
+
+    def __init__(self, rank: int) -> None:
+        widths = dict(COLUMNS)
+        self.rank = _cell(widths["rank"], f"<b>{rank}</b>")
+        self.node = _cell(widths["node"])
+        self.pid = _cell(widths["pid"])
+        self.device = _cell(widths["device"])
+        self.state = _cell(widths["state"])
+        self.state.add_class("rtnb-state")
+        self.bar = w.IntProgress(value=0, min=0, max=1, layout=w.Layout(width=widths["progress"],
+                                                                          margin="0 4px 0 0"))
+        self.bar.add_class("rtnb-progress")
+        self.done = _cell(widths["done"])
+        self.rate = _cell(widths["rate"])
+        self.metrics = _cell(widths["metrics"])
+        self.metrics.add_class("rtnb-metrics")
+        self.cells = [self.rank, self.node, self.pid, self.device, self.state, self.done, self.rate, self.metrics]
+        self.box = w.HBox([self.rank, self.node, self.pid, self.device, self.state, self.bar, self.done,
+                           self.rate, self.metrics], layout=w.Layout(align_items="center", padding="1px 0"))
+        self.box.add_class("rtnb-row")
+        self.box.add_class(f"rtnb-rank-{rank}")
+        self._state = ""
+        self._texts_at = 0.0
+
+    def update(self, view: RankView, full: bool = True) -> None:
+        """Show ``view``; only the traits that changed are sent to the front end.
+
+        With ``full=False`` (a report, not a change of worker) only the progress bar moves, and
+        the text cells follow at most every ``TEXT_INTERVAL_S``: each cell update is a message to
+        the front end and CPU on the training machine.
+        """
+        value, maximum, text = view.progress()
+        with self.bar.hold_sync():
+            if self.bar.max != maximum:
+                self.bar.value = min(self.bar.value, maximum)
+                self.bar.max = maximum
+            self.bar.value = value
+            self.bar.bar_style = BAR_STYLES.get(view.state, "") if view.total or view.state in GONE else "info"
+        now = time.monotonic()
+        if not full and now - self._texts_at < TEXT_INTERVAL_S:
+            return
+        self._texts_at = now
+        self.node.value = html.escape(view.node)
+        self.pid.value = str(view.pid or "")
+        self.device.value = html.escape(view.device)
+        if view.state != self._state:
+            self._restyle(view.state)
+        self.done.value = text
+        self.rate.value = view.rate_text()
+        if view.state in GONE or (view.state == "failed" and view.error):
+            cause = view.error or "the worker process is gone"
+            self.metrics.value = (f'<span style="color:#c62828;{ONE_LINE}" title="{html.escape(cause)}">'
+                                  f'{html.escape(cause)}</span>')
+        else:
+            full = format_metrics(view.metrics, limit=10_000)
+            self.metrics.value = (f'<span style="{ONE_LINE}" title="{html.escape(full)}">'
+                                  f'{html.escape(format_metrics(view.metrics))}</span>')
+
+    def _restyle(self, state: str) -> None:
+        if self._state:
+            self.box.remove_class(f"rtnb-state-{self._state}")
+        self.box.add_class(f"rtnb-state-{state}")
+        self._state = state
+        colour = STATE_COLOURS.get(state, "#6c757d")
+        self.state.value = (f'<span style="background:{colour};color:white;padding:1px 8px;'
+                            f'border-radius:9px;font-size:12px">{html.escape(state)}</span>')
+        gone = state in GONE
+        for cell in self.cells:
+            cell.style.background = DEAD_BACKGROUND if gone else None
+        self.box.layout.border_left = "4px solid #c62828" if gone else "4px solid transparent"
