@@ -14,6 +14,11 @@ from __future__ import annotations
 from typing import Any
 
 from ._internal.worker.session import TrainContext, get_checkpoint, get_context, get_dataset_shard, report
+from ._internal import frontend as _frontend
+from .notebook.frontend import FRONTEND as _NOTEBOOK_FRONTEND
+
+# The core shows dashboards through a hook; the notebook layer is what fills it.
+_frontend.register(_NOTEBOOK_FRONTEND)
 
 __version__ = "0.1.0"
 
