@@ -16,6 +16,7 @@ from typing import Any
 from ._internal.worker.session import TrainContext, get_checkpoint, get_context, get_dataset_shard, report
 from ._internal import frontend as _frontend
 from .notebook.frontend import FRONTEND as _NOTEBOOK_FRONTEND
+import importlib
 
 # The core shows dashboards through a hook; the notebook layer is what fills it.
 _frontend.register(_NOTEBOOK_FRONTEND)
@@ -62,7 +63,6 @@ __all__ = ["TrainContext", "get_checkpoint", "get_context", "get_dataset_shard",
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:  # import raytrain_nb stays light: Ray and torch load with the names that need them
-        import importlib
 
         module, attr = _LAZY[name]
         value = getattr(importlib.import_module(module, __name__), attr)

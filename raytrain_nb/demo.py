@@ -62,7 +62,7 @@ class _Progress:
 
 
 def _client_class() -> Any:
-    from nbclient import NotebookClient
+    from nbclient import NotebookClient  # nbclient: optional or heavy, loaded on first use
 
     class StreamingClient(NotebookClient):
         """A NotebookClient that also hands stream output to a callback as it arrives."""
@@ -79,8 +79,8 @@ def _client_class() -> Any:
 
 def run_notebook(path: pathlib.Path, output: pathlib.Path, timeout: float) -> int:
     """Execute ``path`` in a ``python3`` kernel whose cwd is the notebook's folder; write ``output``."""
-    import nbformat
-    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+    import nbformat  # nbformat: optional or heavy, loaded on first use
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError  # nbclient: optional or heavy, loaded on first use
 
     nb = nbformat.read(path, as_version=4)
     progress = _Progress(nb.cells)

@@ -16,6 +16,7 @@ import socket
 import threading
 import weakref
 from typing import Any, Callable, Dict, Optional, Set
+import math
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class ProcessGroupState:
     def active(self) -> bool:
         if self.backend == "none":
             return False
-        import torch.distributed as dist
+        import torch.distributed as dist  # torch: loaded on first use, not on import raytrain_nb
 
         return dist.is_available() and dist.is_initialized()
 
@@ -93,13 +94,13 @@ class ProcessGroupState:
         self.world_size = world_size
         if backend == "none":
             return
-        import torch.distributed as dist
+        import torch.distributed as dist  # torch: loaded on first use, not on import raytrain_nb
 
         before = inet_socket_fds()
         timeout = datetime.timedelta(seconds=timeout_s)
         store, self._master_store = self._master_store, None
         if store is None:  # rank 0 opened the rendezvous server (open_store) before the others came
-            from torch.distributed import TCPStore
+            from torch.distributed import TCPStore  # torch: loaded on first use, not on import raytrain_nb
 
             store = TCPStore(master_addr, master_port, world_size, is_master=False, timeout=timeout)
         dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
@@ -113,7 +114,7 @@ class ProcessGroupState:
     def open_store(self, master_addr: str, world_size: int, timeout_s: float = 1800.0) -> int:
         """On rank 0: start the rendezvous server now, so the other ranks connect at once
         (a client that comes before the server backs off for hundreds of ms). Returns its port."""
-        from torch.distributed import TCPStore
+        from torch.distributed import TCPStore  # torch: loaded on first use, not on import raytrain_nb
 
         self._master_store = TCPStore(master_addr, 0, world_size, is_master=True, wait_for_workers=False,
                                       timeout=datetime.timedelta(seconds=timeout_s))
@@ -146,7 +147,7 @@ class ProcessGroupState:
                     sock.detach()
         if self.backend == "nccl":
             try:
-                import torch.distributed as dist
+                import torch.distributed as dist  # torch: loaded on first use, not on import raytrain_nb
 
                 abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
                 if abort is not None:
@@ -159,7 +160,7 @@ class ProcessGroupState:
         """Leave the process group (after breaking it, so nothing blocks)."""
         if self.backend == "none":
             return
-        import torch.distributed as dist
+        import torch.distributed as dist  # torch: loaded on first use, not on import raytrain_nb
 
         self.break_()
         if dist.is_initialized():
@@ -212,7 +213,6 @@ class ProcessGroupState:
 
 def reshard_sampler(sampler: Any, rank: int, world_size: int) -> None:
     """Change a ``DistributedSampler``'s rank and number of replicas in place."""
-    import math
 
     n = len(sampler.dataset)
     sampler.num_replicas = world_size
@@ -230,8 +230,8 @@ def deferred_ddp(module: Any, kwargs: Dict[str, Any]) -> Any:
     ``parameters()`` and ``.module`` work; it becomes a real DDP wrapper, the
     same object, when the group forms.
     """
-    import torch
-    from torch.nn.parallel import DistributedDataParallel as DDP
+    import torch  # torch: loaded on first use, not on import raytrain_nb
+    from torch.nn.parallel import DistributedDataParallel as DDP  # torch: loaded on first use, not on import raytrain_nb
 
     shell = DDP.__new__(DDP)
     torch.nn.Module.__init__(shell)
@@ -247,7 +247,7 @@ def rebind_ddp(wrapper: Any) -> None:
     one's, so references the user holds stay valid. DDP's constructor
     broadcasts parameters and buffers from rank 0, so all ranks agree again.
     """
-    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.nn.parallel import DistributedDataParallel as DDP  # torch: loaded on first use, not on import raytrain_nb
 
     kwargs = dict(getattr(wrapper, "_rtnb_ddp_kwargs", {}))
     fresh = DDP(wrapper.module, **kwargs)  # broadcasts parameters and buffers from rank 0

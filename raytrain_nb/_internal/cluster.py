@@ -67,7 +67,7 @@ def _quiet_raylet_messages() -> None:
     moment; the group reports the same death with the rank and the recovery
     commands, in the cell where it happened.
     """
-    import ray._private.worker as ray_worker
+    import ray._private.worker as ray_worker  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
     original = ray_worker.print_to_stdstream
     if getattr(original, "_rtnb_quiet", False):
@@ -100,7 +100,7 @@ def connect(address: Optional[str] = None) -> None:
         GroupError: connected elsewhere already, or Ray could not start.
     """
     global _started_by_us, _shipped_working_dir
-    import ray
+    import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
     # Ray says on every start that token authentication is on; it stays on, the notice goes.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
@@ -169,6 +169,6 @@ def shipped_working_dir() -> bool:
 
 
 def driver_node_id() -> str:
-    import ray
+    import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
     return ray.get_runtime_context().get_node_id()

@@ -18,6 +18,7 @@ from .._internal.errors import GroupError
 from .._internal.group.group import WorkerGroup, active_group
 from .._internal.group.tables import format_status
 from .magic_args import need_group, parse_ranks
+from . import cells, ui
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +81,6 @@ class DistributedMagics(Magics):
                ...: train.get_context().get_world_rank()
             Out[2]: 0
         """
-        from . import cells, ui
 
         args = parse_argstring(self.distributed, line)
         before = active_group()

@@ -10,6 +10,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from .._internal.errors import GroupError
 from .._internal.group.tables import format_status
 from .magic_args import need_group
+from . import ui
 
 
 @magics_class
@@ -30,7 +31,6 @@ class DashboardMagics(Magics):
 
             In [3]: %dist_dashboard
         """
-        from . import ui
 
         args = parse_argstring(self.dist_dashboard, line)
         group = need_group()

@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 def _shell() -> Any:
     try:
-        from IPython import get_ipython
+        from IPython import get_ipython  # IPython: only inside a kernel
     except ImportError:  # pragma: no cover - IPython is a dependency
         return None
     return get_ipython()
@@ -101,7 +101,7 @@ class BackgroundSink(NotebookSink):
         if label:
             super().value(rank, data, metadata, label)
         else:
-            from IPython.display import display
+            from IPython.display import display  # IPython: only inside a kernel
 
             display(MimeBundle(data, metadata))
 

@@ -12,6 +12,8 @@ import logging
 import os
 from typing import Any, Optional
 
+from .dashboard.text import existing_reporter, reporter_for
+
 logger = logging.getLogger(__name__)
 
 UI_ENV = "RAYTRAIN_NB_UI"
@@ -30,7 +32,7 @@ def ui_mode() -> str:
     if mode != "auto":
         return mode
     try:
-        from IPython import get_ipython
+        from IPython import get_ipython  # IPython: only inside a kernel
     except ImportError:  # pragma: no cover - IPython is a dependency
         return "text"
     shell = get_ipython()
@@ -54,12 +56,10 @@ def show(group: Any, mode: Optional[str] = None) -> Any:
     if mode == "none":
         return None
     if mode == "text":
-        from .dashboard.text import reporter_for
-
         return reporter_for(group)
-    from IPython.display import display
+    from IPython.display import display  # IPython: only inside a kernel
 
-    from .dashboard.view import dashboard_for
+    from .dashboard.view import dashboard_for  # ipywidgets: only when the widget dashboard is shown
 
     dash = dashboard_for(group)
     display(dash)
@@ -68,11 +68,9 @@ def show(group: Any, mode: Optional[str] = None) -> Any:
 
 def expect_steps(group: Any, total: Optional[int]) -> None:
     """``--steps N``: the total of the next cell's progress bars, for every view of ``group``."""
-    from .dashboard.text import existing_reporter
-
     views = [existing_reporter(group)]
     try:
-        from .dashboard.view import existing_dashboard
+        from .dashboard.view import existing_dashboard  # ipywidgets: optional (ImportError below)
 
         dash = existing_dashboard(group)
         views.append(dash.model if dash is not None else None)

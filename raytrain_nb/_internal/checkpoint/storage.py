@@ -104,7 +104,7 @@ def as_fsspec(filesystem: Any) -> AbstractFileSystem:
     if isinstance(filesystem, AbstractFileSystem):
         return filesystem
     if type(filesystem).__module__.startswith("pyarrow"):
-        from fsspec.implementations.arrow import ArrowFSWrapper
+        from fsspec.implementations.arrow import ArrowFSWrapper  # fsspec: optional or heavy, loaded on first use
 
         return ArrowFSWrapper(filesystem)
     raise StorageError(f"filesystem={filesystem!r} is not a filesystem: pass an fsspec filesystem "

@@ -53,7 +53,7 @@ def check_datasets(datasets: Any, where: str = "datasets") -> Dict[str, Any]:
     if not isinstance(datasets, dict):
         raise GroupError(f"{where}={type(datasets).__name__}: pass a dict such as {{'train': ray.data.Dataset}}")
     try:
-        from ray.data import Dataset
+        from ray.data import Dataset  # ray: loaded when a group or trainer runs, not on import raytrain_nb
     except ImportError as exc:  # pragma: no cover - ray[data] missing
         raise GroupError(f"{where} needs Ray Data: pip install 'raytrain_nb[data]' ({exc})") from exc
     for name, ds in datasets.items():

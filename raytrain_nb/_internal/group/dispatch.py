@@ -64,7 +64,7 @@ class Dispatch:
         return self.group.slots[rank]
 
     def _step(self, timeout: float) -> None:
-        import ray
+        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
         ready, _ = ray.wait(list(self.pending), num_returns=len(self.pending), timeout=timeout)
         for ref in ready:
@@ -94,7 +94,7 @@ class Dispatch:
 
     def _drop_silent(self) -> None:
         """End the cell for ranks the monitor found dead or unresponsive (their call may never return)."""
-        import ray
+        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
         for ref, rank in list(self.pending.items()):
             slot = self._slot(rank)
@@ -117,14 +117,14 @@ class Dispatch:
             self.group.record_metrics(metrics)
 
     def _release(self, ranks: List[int]) -> None:
-        import ray
+        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
         refs = [self._slot(r).actor.release.remote() for r in ranks]
         ray.wait(refs, num_returns=len(refs), timeout=timing.CONTROL_CALL_S)
         self.released.update(ranks)
 
     def _poll(self) -> None:
-        import ray
+        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
         running = list(self.pending.values())
         refs = {self._slot(r).actor.poll.remote(): r for r in running}
@@ -137,7 +137,7 @@ class Dispatch:
             self._emit(refs[ref], polled["outputs"], polled["metrics"])
 
     def _interrupt(self) -> None:
-        import ray
+        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
         ranks = sorted(self.pending.values())
         refs = [self._slot(r).actor.interrupt.remote() for r in ranks]
@@ -145,7 +145,7 @@ class Dispatch:
         self._stuck_deadline = time.monotonic() + timing.INTERRUPT_WAIT_S
 
     def _check_stuck(self) -> None:
-        import ray
+        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
         if not self._stuck_deadline or time.monotonic() < self._stuck_deadline or not self.pending:
             return

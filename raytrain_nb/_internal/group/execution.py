@@ -17,6 +17,7 @@ from .recovery import ON_FAILURE, recover_and_retry
 from .slots import Slot
 from .state import GroupState, SlotState
 from .types import CellRecord, CellResult
+import importlib
 
 logger = logging.getLogger(__name__)
 
@@ -217,8 +218,8 @@ class ExecutionMixin:
         Raises:
             GroupError: a value cannot be pickled (names the variable).
         """
-        import cloudpickle
-        import ray
+        import cloudpickle  # cloudpickle: optional or heavy, loaded on first use
+        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
         self._check_usable()
         for name, value in values.items():
@@ -237,7 +238,7 @@ class ExecutionMixin:
         Raises:
             GroupError: the name is not defined on a rank.
         """
-        import ray
+        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
         if self.state is GroupState.SHUTDOWN:
             self._check_not_running()
@@ -267,7 +268,6 @@ class ExecutionMixin:
 
 
 def _reload(module: str) -> str:
-    import importlib
 
     importlib.invalidate_caches()
     mod = sys.modules.get(module)

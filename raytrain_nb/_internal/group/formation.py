@@ -81,7 +81,7 @@ class FormationMixin:
             slot.mark(SlotState.IDLE)
 
     def _get(self, refs: List[Any], timeout: float, what: str) -> List[Any]:
-        import ray
+        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
         try:
             return ray.get(refs, timeout=timeout)

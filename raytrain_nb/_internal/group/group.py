@@ -221,7 +221,7 @@ class WorkerGroup(FormationMixin, ExecutionMixin):
             ping: ask every live worker first (up to 3 s), so a death Ray knows of counts;
                 ``False`` answers at once from what the group already knows (observers, the dashboard).
         """
-        import ray
+        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
         live = [s for s in self.slots if ping and not s.gone]
         refs = {s.actor.ping.remote(): s for s in live}
@@ -241,7 +241,7 @@ class WorkerGroup(FormationMixin, ExecutionMixin):
 
     def interrupt(self) -> List[Dict[str, Any]]:
         """Interrupt the running code on every rank (KeyboardInterrupt in user code)."""
-        import ray
+        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
         refs = [s.actor.interrupt.remote() for s in self.slots if s.state != SlotState.DEAD]
         ray.wait(refs, num_returns=len(refs), timeout=INTERRUPT_WAIT_S + 3)  # one deadline for every rank
@@ -370,8 +370,8 @@ class WorkerGroup(FormationMixin, ExecutionMixin):
             _ACTIVE = None
 
     def _teardown(self) -> None:
-        import ray
-        from ray.util.placement_group import remove_placement_group
+        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
+        from ray.util.placement_group import remove_placement_group  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
         live = [s for s in self.slots if s.state != SlotState.DEAD]
         if live:

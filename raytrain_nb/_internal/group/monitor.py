@@ -71,7 +71,7 @@ class HealthMonitor:
         return 0.0 if last is None else time.monotonic() - last
 
     def _loop(self) -> None:
-        import ray
+        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
         while not self._stop.is_set():
             try:

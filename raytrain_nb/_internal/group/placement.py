@@ -41,7 +41,7 @@ def check_feasible(config: GroupConfig, count: int, total: Dict[str, float],
 
 def check_cluster(config: GroupConfig, count: int) -> None:
     """:func:`check_feasible` against the connected Ray cluster."""
-    import ray
+    import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
     nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
     check_feasible(config, count, ray.cluster_resources(), nodes)
@@ -53,8 +53,8 @@ def reserve(config: GroupConfig, count: int, timeout_s: float) -> Any:
     Raises:
         ResourceError: the resources did not become free in time (names what is free).
     """
-    import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
+    import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
+    from ray.util.placement_group import placement_group, remove_placement_group  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
     check_cluster(config, count)
     bundle = config.bundle() or {"CPU": 0.001}
@@ -79,7 +79,7 @@ DEATH_RECORD_WAIT_S = 60.0
 
 def _actor_state(actor: Any) -> str:
     """Ray's control-store state of ``actor`` (ALIVE, DEAD, ...); "" when it cannot be read."""
-    from ray._private.state import state
+    from ray._private.state import state  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
     try:
         return state.actor_table(actor._actor_id.hex()).get("State", "")
@@ -118,8 +118,8 @@ def bundles_placed(places: List[Any]) -> List[bool]:
 
     One read of the node table, and one of each placement group's table, for all of them.
     """
-    import ray
-    from ray.util.placement_group import placement_group_table
+    import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
+    from ray.util.placement_group import placement_group_table  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
     if not places:
         return []

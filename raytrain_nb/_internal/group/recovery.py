@@ -25,7 +25,7 @@ ON_FAILURE = ("raise", "restart", "rescale")
 
 
 def _kill(slot: Slot) -> None:
-    import ray
+    import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
     try:
         ray.kill(slot.actor, no_restart=True)

@@ -47,7 +47,7 @@ class RollbackResult:
 def checkpoint(group: "WorkerGroup", name: Optional[str], var_names: Sequence[str], blocking: bool,
                timeout_s: float) -> Optional[CheckpointEntry]:
     """Snapshot the tracked state of every rank (see :meth:`WorkerGroup.checkpoint`)."""
-    import ray
+    import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
     run = group.run_storage
     if run.background_error:
@@ -86,7 +86,7 @@ def _metrics_of(group: "WorkerGroup") -> Dict[str, Any]:
 
 
 def _finish_background(group: "WorkerGroup", staged: Any, waits: List[Any]) -> None:
-    import ray
+    import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
     run = group.run_storage
     try:

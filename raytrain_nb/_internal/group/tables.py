@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from typing import Any, Dict, Sequence
+import time as _time
 
 
 def _metrics(m: Dict[str, Any], limit: int = 60) -> str:
@@ -35,7 +36,6 @@ def _size(n: int) -> str:
 
 def format_checkpoints(entries: Sequence[Any]) -> str:
     """A table of a run's checkpoints: name, kind, time, step, metrics, size."""
-    import time as _time
 
     if not entries:
         return "no checkpoints yet: %dist_checkpoint takes a snapshot"

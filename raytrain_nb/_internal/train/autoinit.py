@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from .. import cluster
 
 logger = logging.getLogger(__name__)
 
@@ -18,7 +19,7 @@ logger = logging.getLogger(__name__)
 def install() -> None:
     """Replace ``ray._private.auto_init_hook.auto_init_ray`` once per process (no-op without Ray)."""
     try:
-        from ray._private import auto_init_hook
+        from ray._private import auto_init_hook  # ray: loaded when a group or trainer runs, not on import raytrain_nb
     except Exception:  # noqa: BLE001 - Ray missing or its internals moved: keep Ray's own behaviour
         return
     original = auto_init_hook.auto_init_ray
@@ -26,11 +27,10 @@ def install() -> None:
         return
 
     def auto_init_ray() -> None:
-        import ray
+        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
         if os.environ.get("RAY_ENABLE_AUTO_CONNECT", "") == "0" or ray.is_initialized():
             return original()
-        from .. import cluster
 
         try:
             cluster.connect()

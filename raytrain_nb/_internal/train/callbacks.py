@@ -27,6 +27,9 @@ import json
 import logging
 import math
 from typing import Any, Dict, List, Optional, Sequence
+from ..checkpoint.storage import resolve
+from ..checkpoint.storage import join, resolve, to_url
+from ..checkpoint.storage import join
 
 logger = logging.getLogger(__name__)
 
@@ -124,13 +127,11 @@ class _FileLogger(UserCallback):
         self._lines: List[str] = []
 
     def setup(self, context: TrainRunContext) -> None:
-        from ..checkpoint.storage import join
 
         if self.path is None:
             self.path = join(context.run_dir, self.filename)
 
     def _append(self, text: str) -> None:
-        from ..checkpoint.storage import resolve
 
         fs, path = resolve(self.path)
         with fs.open(path, "ab") as f:
@@ -200,7 +201,6 @@ class TensorBoardCallback(UserCallback):
         self._count = 0
 
     def setup(self, context: TrainRunContext) -> None:
-        from ..checkpoint.storage import join, resolve, to_url
 
         cls = tensorboard_writer_class()
         if cls is None:

@@ -22,6 +22,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..errors import ConfigError
 from ..validate import BACKENDS, PLACEMENT_STRATEGIES, fail, is_int, is_number, refuse
+from ..errors import StorageError
+from ..checkpoint.storage import as_fsspec
 
 _KW = {"kw_only": True} if sys.version_info >= (3, 10) else {}
 
@@ -248,8 +250,6 @@ class RunConfig:
         if self.verbose is not None and self.verbose not in (0, 1, 2, 3):
             fail("RunConfig", "verbose", self.verbose, "use 0 (no progress line), 1 or 2")
         if self.storage_filesystem is not None:
-            from ..errors import StorageError
-            from ..checkpoint.storage import as_fsspec
 
             try:
                 as_fsspec(self.storage_filesystem)

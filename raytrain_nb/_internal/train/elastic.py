@@ -130,7 +130,7 @@ def _fits(resources: Dict[str, float], bundle: Dict[str, float]) -> int:
 
 def growth(group: "WorkerGroup", scaling: "ScalingConfig") -> int:
     """How many workers an elastic run could add now (0 when at ``max`` or nothing is free)."""
-    import ray
+    import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
     room = scaling.max_workers - group.num_workers
     if not scaling.elastic or room <= 0:
@@ -145,7 +145,7 @@ def growth(group: "WorkerGroup", scaling: "ScalingConfig") -> int:
 
 def start_size(scaling: "ScalingConfig", bundle: Dict[str, float]) -> int:
     """Workers to start an elastic run with: as many as fit now, between ``min`` and ``max``."""
-    import ray
+    import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
     if not scaling.elastic:
         return scaling.max_workers

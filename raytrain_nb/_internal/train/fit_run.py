@@ -129,7 +129,7 @@ class FitRun:
         return group
 
     def _warn_data_cpus(self) -> None:
-        import ray
+        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
         if ray.available_resources().get("CPU", 0.0) < 1.0:
             logger.warning("the workers hold every CPU of the cluster: Ray Data has none left to read and transform "

@@ -108,7 +108,7 @@ class ProgressLine:
         if enabled:
             self._plain = not in_notebook() and not _isatty(sys.stderr)
             if not self._plain:
-                from tqdm.auto import tqdm
+                from tqdm.auto import tqdm  # tqdm.auto: picks its widget or terminal bar when the bar is made
 
                 self._bar = tqdm(desc=desc, unit="report", dynamic_ncols=True, leave=True, file=sys.stderr)
 
@@ -158,7 +158,7 @@ class ProgressLine:
         """Write text above the bar (worker output, notices)."""
         stream = stream or sys.stderr
         if self._bar is not None:
-            from tqdm.auto import tqdm
+            from tqdm.auto import tqdm  # tqdm.auto: picks its widget or terminal bar when the bar is made
 
             tqdm.write(text.rstrip("\n"), file=stream)
         else:

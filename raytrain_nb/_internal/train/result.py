@@ -16,6 +16,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..checkpoint.checkpoint import Checkpoint
 from ..errors import CheckpointError
+from ..checkpoint.storage import resolve, to_url
+from ..checkpoint.metrics_log import read_metrics
+from ..checkpoint.manager import CheckpointManager
 
 #: Key under which metrics.jsonl keeps the report time; ``timestamp`` in the dataframe.
 _TIME_KEY = "_time"
@@ -54,7 +57,7 @@ class Result:
             ImportError: pandas is not installed (``pip install 'raytrain_nb[data]'``).
         """
         try:
-            import pandas as pd
+            import pandas as pd  # pandas: optional or heavy, loaded on first use
         except ImportError as exc:
             raise ImportError("Result.metrics_dataframe needs pandas: pip install pandas "
                               "(or pip install 'raytrain_nb[data]')") from exc
@@ -83,8 +86,6 @@ class Result:
         Raises:
             CheckpointError: the directory has neither a checkpoint index nor a metrics log.
         """
-        from ..checkpoint.manager import CheckpointManager
-        from ..checkpoint.storage import resolve, to_url
 
         fs, where = resolve(path, storage_filesystem)
         url = to_url(fs, where)
@@ -112,6 +113,5 @@ class Result:
 
 
 def _read_records(url: str, filesystem: Optional[Any]) -> List[Dict[str, Any]]:
-    from ..checkpoint.metrics_log import read_metrics
 
     return read_metrics(url, filesystem)

@@ -9,6 +9,10 @@ import inspect
 from typing import Any, Callable, Dict, Optional
 
 from ..errors import ConfigError
+import weakref
+import sys
+from ..worker import session
+from ..backend import process_group_state
 
 
 def takes_config(fn: Callable[..., Any], what: str = "train_loop_per_worker") -> bool:
@@ -36,7 +40,6 @@ def run_loop(fn: Callable[..., Any], config: Optional[Dict[str, Any]], with_conf
     ``resume`` (``resume_from_checkpoint``) is returned by ``get_checkpoint()`` only while the
     run has no committed checkpoint of its own.
     """
-    from ..worker import session
 
     sess = session._session
     base = sess.latest if sess is not None else None
@@ -62,12 +65,9 @@ def _forget_prepared() -> None:
     traceback); a replacement rank never had it, so re-binding it would wait for that rank forever.
     A trainer's attempt owns its objects: the next attempt builds its own.
     """
-    import sys
-    import weakref
 
     if "torch" not in sys.modules:
         return
-    from ..backend import process_group_state
 
     state = process_group_state()
     state._wrappers = weakref.WeakSet()

@@ -28,6 +28,12 @@ from ..errors import ConfigError
 from ..validate import fail
 from .config import BackendConfig, DataConfig, RunConfig, ScalingConfig, TorchConfig
 from .train_loop import takes_config
+from .fit_run import storage_path_for
+from .fit_run import FitRun
+from .autoinit import install
+from ..group.datasets import check_datasets
+from ..errors import GroupError
+from ..checkpoint.checkpoint import Checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +44,6 @@ _autoinit_installed = False
 def install_autoinit() -> None:
     global _autoinit_installed
     if not _autoinit_installed:
-        from .autoinit import install
 
         install()
         _autoinit_installed = True
@@ -96,13 +101,10 @@ class DataParallelTrainer:
             backend_config = self._backend_config_cls(backend=backend)
         self.backend_config = backend_config or self._backend_config_cls()
         if resume_from_checkpoint is not None:
-            from ..checkpoint.checkpoint import Checkpoint
 
             _check_type(cls, "resume_from_checkpoint", resume_from_checkpoint, Checkpoint,
                         "pass a raytrain_nb.Checkpoint (Checkpoint.from_directory(path))")
         if datasets is not None:
-            from ..group.datasets import check_datasets
-            from ..errors import GroupError
 
             try:
                 datasets = check_datasets(datasets)
@@ -121,7 +123,6 @@ class DataParallelTrainer:
         self.name = self.run_config.name or \
             f"{cls}_{time.strftime('%Y-%m-%d_%H-%M-%S')}_{secrets.token_hex(2)}"
         self.backend = self._resolve_backend()
-        from .fit_run import storage_path_for
 
         self.storage_path = storage_path_for(self.run_config)
         install_autoinit()
@@ -150,7 +151,6 @@ class DataParallelTrainer:
                 (its message holds the worker's traceback).
             ResourceError: the cluster cannot place the workers.
         """
-        from .fit_run import FitRun
 
         return FitRun(self).run()
 

@@ -93,7 +93,7 @@ class Worker(CheckpointingWorker):
         """Where this worker lives: node, IP, pid, GPU ids."""
         out: Dict[str, Any] = {"pid": os.getpid(), "hostname": os.uname().nodename}
         try:
-            import ray
+            import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
             ctx = ray.get_runtime_context()
             out["node_id"] = ctx.get_node_id()
@@ -126,7 +126,7 @@ class Worker(CheckpointingWorker):
         device = "cpu"
         self.pg.backend = backend
         if backend != "none":
-            import torch
+            import torch  # torch: loaded on first use, not on import raytrain_nb
 
             if torch.cuda.is_available() and os.environ.get("CUDA_VISIBLE_DEVICES", "") not in ("", "-1"):
                 torch.cuda.set_device(0)
@@ -377,7 +377,7 @@ def remote_worker_class() -> Any:
     """``Worker`` as a Ray actor class with a ``control`` concurrency group."""
     global _REMOTE
     if _REMOTE is None:
-        import ray
+        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
         _REMOTE = ray.remote(concurrency_groups={"control": 4, "monitor": 1})(Worker)
     return _REMOTE

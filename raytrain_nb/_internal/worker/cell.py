@@ -28,7 +28,7 @@ def transform(source: str) -> str:
     """Translate IPython syntax into plain Python (``get_ipython().run_line_magic``...)."""
     if not needs_ipython(source):
         return source
-    from IPython.core.inputtransformer2 import TransformerManager
+    from IPython.core.inputtransformer2 import TransformerManager  # IPython: only for cells that use it
 
     return TransformerManager().transform_cell(source)
 

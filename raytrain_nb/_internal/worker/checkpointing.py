@@ -11,6 +11,8 @@ from ..checkpoint.staging import StagedDir
 from ..checkpoint.storage_check import read_marker
 from . import snapshot_io
 from .session import get_context
+from ..errors import CheckpointError
+from ..checkpoint.manager import CheckpointManager
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +54,6 @@ class CheckpointingWorker:
         return f"checkpoint_{self._report_base + index:06d}"
 
     def _latest(self) -> Any:
-        from ..checkpoint.manager import CheckpointManager
-        from ..errors import CheckpointError
 
         try:
             entry = CheckpointManager.load(self._run_url).latest("reported")

@@ -36,9 +36,9 @@ class WorkerDisplay:
         """Create the worker's IPython shell on first need; bind ``get_ipython``."""
         if self.shell is not None:
             return self.shell
-        from IPython.core.displaypub import DisplayPublisher
-        from IPython.core.interactiveshell import InteractiveShell
-        from traitlets.config import Config
+        from IPython.core.displaypub import DisplayPublisher  # IPython: only for cells that use it
+        from IPython.core.interactiveshell import InteractiveShell  # IPython: only for cells that use it
+        from traitlets.config import Config  # traitlets: optional or heavy, loaded on first use
 
         sink = self._sink
 
@@ -60,7 +60,7 @@ class WorkerDisplay:
     def display(self, *objs: Any, **kwargs: Any) -> None:
         """``display(...)`` for worker code: the IPython function, published to the notebook."""
         self.ensure_shell()
-        from IPython.display import display as ipy_display
+        from IPython.display import display as ipy_display  # IPython: only for cells that use it
 
         ipy_display(*objs, **kwargs)
 

@@ -32,8 +32,8 @@ def sync_replicated(namespace: Dict[str, Any], src: int, fresh: bool,
     Returns:
         Counts of what was synchronised, by kind.
     """
-    import torch
-    import torch.distributed as dist
+    import torch  # torch: loaded on first use, not on import raytrain_nb
+    import torch.distributed as dist  # torch: loaded on first use, not on import raytrain_nb
 
     try:
         tracked = find_tracked(namespace)

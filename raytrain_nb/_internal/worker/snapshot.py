@@ -17,6 +17,7 @@ import random
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import SnapshotError
+import math
 
 
 
@@ -49,7 +50,7 @@ def find_tracked(namespace: Dict[str, Any]) -> Tracked:
         SnapshotError: an optimizer whose parameters belong to no tracked module
             (rollback would restore its momentum but not the weights).
     """
-    import torch
+    import torch  # torch: loaded on first use, not on import raytrain_nb
 
     tracked = Tracked({}, {}, {}, {})
     seen_modules: Dict[int, str] = {}
@@ -80,13 +81,13 @@ def find_tracked(namespace: Dict[str, Any]) -> Tracked:
 
 def rng_state() -> Dict[str, Any]:
     """torch, numpy and python RNG states as tensors (loadable with weights_only=True)."""
-    import torch
+    import torch  # torch: loaded on first use, not on import raytrain_nb
 
     state: Dict[str, Any] = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()
     try:
-        import numpy as np
+        import numpy as np  # numpy: optional or heavy, loaded on first use
 
         kind, keys, pos, has_gauss, gauss = np.random.get_state()
         state["numpy"] = {"keys": torch.from_numpy(keys.astype("int64")), "pos": torch.tensor(pos),
@@ -100,15 +101,14 @@ def rng_state() -> Dict[str, Any]:
 
 
 def set_rng_state(state: Dict[str, Any]) -> None:
-    import math
 
-    import torch
+    import torch  # torch: loaded on first use, not on import raytrain_nb
 
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
     if "numpy" in state:
-        import numpy as np
+        import numpy as np  # numpy: optional or heavy, loaded on first use
 
         s = state["numpy"]
         np.random.set_state(("MT19937", s["keys"].numpy().astype("uint32"), int(s["pos"]),
@@ -121,7 +121,7 @@ def set_rng_state(state: Dict[str, Any]) -> None:
 
 def _to_cpu(obj: Any, copy: bool = True) -> Any:
     """A state dict with every tensor on the CPU; with ``copy``, a deep copy (consistent while training goes on)."""
-    import torch
+    import torch  # torch: loaded on first use, not on import raytrain_nb
 
     if isinstance(obj, torch.Tensor):
         return obj.detach().to("cpu", copy=copy)
@@ -183,7 +183,7 @@ def restore(namespace: Dict[str, Any], replicated: Dict[str, Any], own: Optional
         SnapshotError: a saved object is no longer in the namespace (or changed type/shape);
             nothing is loaded in that case.
     """
-    import torch
+    import torch  # torch: loaded on first use, not on import raytrain_nb
 
     tracked = find_tracked(namespace)
     kinds = (("modules", tracked.modules), ("optimizers", tracked.optimizers),
@@ -215,7 +215,7 @@ def restore(namespace: Dict[str, Any], replicated: Dict[str, Any], own: Optional
 
 
 def dumps(state: Dict[str, Any]) -> bytes:
-    import torch
+    import torch  # torch: loaded on first use, not on import raytrain_nb
 
     buf = io.BytesIO()
     torch.save(state, buf)
@@ -229,7 +229,7 @@ def loads(data: Any, what: str, allow_pickle: bool = False) -> Dict[str, Any]:
     Raises:
         SnapshotError: the file is truncated, edited or needs unpickling that was not allowed.
     """
-    import torch
+    import torch  # torch: loaded on first use, not on import raytrain_nb
 
     try:
         if isinstance(data, str):

@@ -48,7 +48,7 @@ def write(taken: Dict[str, Any], staged: StagedDir) -> None:
 
 
 def _save(obj: Any, staged: StagedDir, name: str) -> None:
-    import torch
+    import torch  # torch: loaded on first use, not on import raytrain_nb
 
     if is_local(staged.fs):  # straight to the file: no fsspec buffering on the hot path
         os.makedirs(staged.path, exist_ok=True)

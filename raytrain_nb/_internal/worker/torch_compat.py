@@ -7,6 +7,7 @@ from typing import Any, List
 import torch
 
 from .torch_utils import get_device
+import os
 
 
 def get_devices() -> List[torch.device]:
@@ -33,14 +34,13 @@ def enable_reproducibility(seed: int = 0) -> None:
     torch.manual_seed(seed)
     random.seed(seed)
     try:
-        import numpy as np
+        import numpy as np  # numpy: optional or heavy, loaded on first use
 
         np.random.seed(seed)
     except ImportError:  # pragma: no cover
         pass
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
-    import os
 
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 

@@ -10,6 +10,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
 from ..backend import deferred_ddp, process_group_state
+from . import session
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ def prepare_model(
     if state.deferred:  # a new rank replaying setup cells: wrap when the group forms
         wrapper = deferred_ddp(model, kwargs)
     else:
-        from torch.nn.parallel import DistributedDataParallel as DDP
+        from torch.nn.parallel import DistributedDataParallel as DDP  # torch: loaded on first use, not on import raytrain_nb
 
         wrapper = DDP(model, **kwargs)
         wrapper._rtnb_ddp_kwargs = kwargs
@@ -114,7 +115,6 @@ class _DeviceLoader:
 
 
 def _rank_and_world() -> "tuple[int, int]":
-    from . import session
 
     if session._session is not None:
         ctx = session._session.context

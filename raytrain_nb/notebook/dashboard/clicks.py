@@ -23,6 +23,7 @@ import datetime
 import threading
 import time
 from typing import Any, Deque, Dict, Iterator, Optional, Tuple
+from ..routing import current_parent
 
 NO_DATE_GRACE_S = 1.0
 WINDOWS_KEPT = 256
@@ -128,10 +129,9 @@ def click_guard() -> ClickGuard:
 
 
 def _hook(guard: ClickGuard) -> None:
-    from ..routing import current_parent
 
     try:
-        from IPython import get_ipython
+        from IPython import get_ipython  # IPython: only inside a kernel
     except ImportError:  # pragma: no cover
         return
     shell = get_ipython()

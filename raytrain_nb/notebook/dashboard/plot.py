@@ -50,8 +50,8 @@ class MetricsPlot:
     """A reusable figure; :meth:`render` returns PNG bytes. ``full_draws`` counts the slow frames."""
 
     def __init__(self) -> None:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
+        from matplotlib.backends.backend_agg import FigureCanvasAgg  # matplotlib: optional or heavy, loaded on first use
+        from matplotlib.figure import Figure  # matplotlib: optional or heavy, loaded on first use
 
         self.figure = Figure(figsize=(WIDTH_IN, HEIGHT_IN), dpi=DPI)
         self.canvas = FigureCanvasAgg(self.figure)
@@ -113,7 +113,7 @@ class MetricsPlot:
         self.full_draws += 1
 
     def _png(self) -> bytes:
-        from PIL import Image
+        from PIL import Image  # PIL: optional or heavy, loaded on first use
 
         width, height = self.canvas.get_width_height()
         image = Image.frombuffer("RGBA", (width, height), self.canvas.buffer_rgba(), "raw", "RGBA", 0, 1)

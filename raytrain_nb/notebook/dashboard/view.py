@@ -144,7 +144,7 @@ class Dashboard:
     def _hook_cells(self) -> None:
         """After every cell, re-read the checkpoint list (``%dist_checkpoint`` may have added one)."""
         try:
-            from IPython import get_ipython
+            from IPython import get_ipython  # IPython: only inside a kernel
         except ImportError:  # pragma: no cover
             return
         shell = get_ipython()
@@ -349,7 +349,7 @@ class Dashboard:
         if key == self._plotted and self.renders:
             return False
         if self._plot is None:
-            from .plot import MetricsPlot
+            from .plot import MetricsPlot  # matplotlib: only once the plot is first drawn
 
             self._plot = MetricsPlot()
         lines = self.model.lines(self.metric.value, mean=self.mode.value == "mean")
@@ -366,7 +366,7 @@ class Dashboard:
         self._update_buttons()
         shell_hook = getattr(self, "_post_cell", None)
         if shell_hook is not None:
-            from IPython import get_ipython
+            from IPython import get_ipython  # IPython: only inside a kernel
 
             shell = get_ipython()
             if shell is not None:
