@@ -51,10 +51,11 @@ class SlotState(_StrEnum):
 
 _S = GroupState
 
-#: Every state change a group may make. A failed group may run again once nothing is dead
-#: (a failed rescale leaves live workers), and a running one may replace a stuck rank.
+#: Every state change a group may make. A starting group runs one function on its workers (the
+#: shared-storage check); a failed group may run again once nothing is dead (a failed rescale leaves
+#: live workers); a running one may replace a stuck rank.
 TRANSITIONS: Dict[GroupState, FrozenSet[GroupState]] = {
-    _S.STARTING: frozenset({_S.IDLE, _S.SHUTDOWN}),
+    _S.STARTING: frozenset({_S.IDLE, _S.RUNNING, _S.SHUTDOWN}),
     _S.IDLE: frozenset({_S.RUNNING, _S.FAILED, _S.RECOVERING, _S.SHUTDOWN}),
     _S.RUNNING: frozenset({_S.IDLE, _S.FAILED, _S.RECOVERING, _S.SHUTDOWN}),
     _S.FAILED: frozenset({_S.RUNNING, _S.RECOVERING, _S.SHUTDOWN}),
