@@ -11,12 +11,12 @@ In a notebook::
 """
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from ._internal.worker.session import TrainContext, get_checkpoint, get_context, get_dataset_shard, report
 from ._internal import frontend as _frontend
+from ._internal.worker.session import TrainContext, get_checkpoint, get_context, get_dataset_shard, report
 from .notebook.frontend import FRONTEND as _NOTEBOOK_FRONTEND
-import importlib
 
 # The core shows dashboards through a hook; the notebook layer is what fills it.
 _frontend.register(_NOTEBOOK_FRONTEND)

@@ -1,8 +1,8 @@
 """PyTorch helpers and the trainer, mirroring ``ray.train.torch``."""
-from ._internal.worker.torch_compat import backward, enable_reproducibility, get_devices, prepare_optimizer
-from ._internal.worker.torch_utils import get_device, prepare_data_loader, prepare_model
 from ._internal.train.config import TorchConfig
 from ._internal.train.trainer import TorchTrainer, install_autoinit
+from ._internal.worker.torch_compat import backward, enable_reproducibility, get_devices, prepare_optimizer
+from ._internal.worker.torch_utils import get_device, prepare_data_loader, prepare_model
 
 install_autoinit()  # Ray's implicit ray.init() in a script starts the quiet embedded instance
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import datetime
 import logging
+import math
 import os
 import socket
 import threading
 import weakref
 from typing import Any, Callable, Dict, Optional, Set
-import math
 
 logger = logging.getLogger(__name__)
 
@@ -192,6 +192,11 @@ class ProcessGroupState:
 
     # -- objects made by prepare_model / prepare_data_loader -------------------------------
 
+    def forget_tracked(self) -> None:
+        """Stop tracking every DDP wrapper and sampler made so far (they will not be re-bound)."""
+        self._wrappers = weakref.WeakSet()
+        self._samplers = weakref.WeakSet()
+
     def track(self, wrapper: Any) -> None:
         self._wrappers.add(wrapper)
 
@@ -231,7 +236,8 @@ def deferred_ddp(module: Any, kwargs: Dict[str, Any]) -> Any:
     same object, when the group forms.
     """
     import torch  # torch: loaded on first use, not on import raytrain_nb
-    from torch.nn.parallel import DistributedDataParallel as DDP  # torch: loaded on first use, not on import raytrain_nb
+    # torch: loaded on first use, not on import raytrain_nb
+    from torch.nn.parallel import DistributedDataParallel as DDP
 
     shell = DDP.__new__(DDP)
     torch.nn.Module.__init__(shell)
@@ -247,7 +253,8 @@ def rebind_ddp(wrapper: Any) -> None:
     one's, so references the user holds stay valid. DDP's constructor
     broadcasts parameters and buffers from rank 0, so all ranks agree again.
     """
-    from torch.nn.parallel import DistributedDataParallel as DDP  # torch: loaded on first use, not on import raytrain_nb
+    # torch: loaded on first use, not on import raytrain_nb
+    from torch.nn.parallel import DistributedDataParallel as DDP
 
     kwargs = dict(getattr(wrapper, "_rtnb_ddp_kwargs", {}))
     fresh = DDP(wrapper.module, **kwargs)  # broadcasts parameters and buffers from rank 0

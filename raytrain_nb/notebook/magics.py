@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
@@ -16,9 +16,10 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from .._internal.errors import GroupError
 from .._internal.group.group import WorkerGroup, active_group
+from .._internal.group.state import GroupState
 from .._internal.group.tables import format_status
-from .magic_args import need_group, parse_ranks
 from . import cells, ui
+from .magic_args import need_group, parse_ranks
 
 logger = logging.getLogger(__name__)
 

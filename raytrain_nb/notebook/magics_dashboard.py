@@ -9,8 +9,8 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from .._internal.errors import GroupError
 from .._internal.group.tables import format_status
-from .magic_args import need_group
 from . import ui
+from .magic_args import need_group
 
 
 @magics_class

@@ -3,15 +3,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from .._internal.checkpoint.manager import CheckpointManager
-from .._internal.errors import RaytrainNbError, WorkerError
+from .._internal.checkpoint.storage import default_storage_path, join
 from .._internal.group.group import active_group
 from .._internal.group.tables import format_checkpoints, format_history
-from .._internal.checkpoint.storage import default_storage_path, join
 from .magic_args import call, need_group
 
 

@@ -14,7 +14,9 @@ import pytest
 from raytrain_nb._internal.checkpoint import manager as cm
 from raytrain_nb._internal.checkpoint import storage
 from raytrain_nb._internal.checkpoint.checkpoint import Checkpoint
-from raytrain_nb._internal.checkpoint.manager import CheckpointManager, append_metrics, list_runs, read_metrics
+from raytrain_nb._internal.checkpoint.index import list_runs
+from raytrain_nb._internal.checkpoint.manager import CheckpointManager
+from raytrain_nb._internal.checkpoint.metrics_log import METRICS_FILE, append_metrics, read_metrics
 from raytrain_nb._internal.errors import CheckpointError
 from raytrain_nb._internal.checkpoint.staging import atomic_dir, list_committed
 
@@ -390,7 +392,7 @@ def test_metrics_log_errors(run_url):
 def test_metrics_log_with_a_cut_last_line(run_url, caplog):
     append_metrics(run_url, {"step": 1})
     fs, run = storage.resolve(run_url)
-    path = storage.join(run, cm.METRICS_FILE)
+    path = storage.join(run, METRICS_FILE)
     fs.pipe_file(path, fs.cat_file(path) + b'{"step": 2, "lo')
     with caplog.at_level(logging.WARNING):
         assert read_metrics(run_url) == [{"step": 1}]
@@ -401,7 +403,7 @@ def test_metrics_log_with_a_cut_last_line(run_url, caplog):
 def test_metrics_log_with_a_damaged_line(run_url, bad):
     append_metrics(run_url, {"step": 1})
     fs, run = storage.resolve(run_url)
-    path = storage.join(run, cm.METRICS_FILE)
+    path = storage.join(run, METRICS_FILE)
     fs.pipe_file(path, fs.cat_file(path) + bad + b'{"step": 3}\n')
     with pytest.raises(CheckpointError, match=rf"^metrics file {storage.to_url(fs, path)} line 2 is damaged \(.*\): "
                                               r"fix or delete that line$"):

@@ -8,6 +8,8 @@ import pytest
 
 from raytrain_nb._internal.worker.actor import Worker
 
+from ..waiting import wait_for
+
 
 @pytest.fixture
 def worker():
@@ -50,8 +52,7 @@ def _run_in_thread(worker, source):
 def test_interrupt_stops_python_code_and_keeps_the_namespace(worker):
     worker.run_cell("kept = 7", 0)
     th, box = _run_in_thread(worker, "n = 0\nwhile True:\n    n += 1")
-    while worker.poll()["running"] is None:
-        pass
+    wait_for(lambda: worker.poll()["running"] is not None, 30, "the cell to start")
     out = worker.interrupt()
     th.join(5)
     assert out["state"] == "stopped"
@@ -66,8 +67,7 @@ def test_interrupt_when_idle_does_nothing(worker):
 
 def test_rank_blocked_in_c_is_reported_with_its_stack(worker):
     th, box = _run_in_thread(worker, "import time\ntime.sleep(2.5)\nafter = True")
-    while worker.poll()["running"] is None:
-        pass
+    wait_for(lambda: worker.poll()["running"] is not None, 30, "the cell to start")
     out = worker.interrupt(grace_s=0.1, release_wait_s=0.2)
     assert out["state"] == "stuck" and "time.sleep(2.5)" in out["stack"]
     th.join(10)

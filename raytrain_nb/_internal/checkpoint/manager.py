@@ -21,7 +21,6 @@ Example::
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
@@ -31,78 +30,13 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 from fsspec import AbstractFileSystem
 
-from .checkpoint import Checkpoint
 from ..errors import CheckpointError, describe
-from .metrics_log import METRICS_FILE, append_metrics, read_metrics  # noqa: F401 (re-exported)
+from .checkpoint import Checkpoint
+from .index import FORMAT, INDEX_FILE, KINDS, STEP_KEYS, CheckpointEntry, check_config, check_kind, list_runs, score_of
 from .staging import StagedDir, begin_dir, commit_dir, delete_dir, discard_dir, read_manifest
 from .storage import join, read_json, resolve, to_json, to_url, write_bytes_atomic
 
 logger = logging.getLogger(__name__)
-
-INDEX_FILE = "checkpoints.json"
-KINDS = ("snapshot", "reported")
-SCORE_ORDERS = ("max", "min")
-_FORMAT = 1
-_STEP_KEYS = ("step", "training_iteration")
-
-
-@dataclasses.dataclass
-class CheckpointEntry:
-    """One checkpoint of a run, as listed in its index.
-
-    Attributes:
-        name: the directory name inside the run directory.
-        kind: ``"snapshot"`` or ``"reported"``.
-        path: the checkpoint's URL (a plain path when local).
-        metrics: the metrics reported with it.
-        step: ``metrics["step"]`` (or ``training_iteration``) when present.
-        time: when it was registered (seconds since the epoch).
-        size_bytes: the size of its files.
-    """
-
-    name: str
-    kind: str
-    path: str
-    metrics: Dict[str, Any]
-    step: Optional[int]
-    time: float
-    size_bytes: int
-    filesystem: Optional[AbstractFileSystem] = dataclasses.field(default=None, repr=False, compare=False)
-
-    @property
-    def checkpoint(self) -> Checkpoint:
-        """The :class:`Checkpoint` to load."""
-        return Checkpoint(self.path, filesystem=self.filesystem)
-
-
-def _check_kind(kind: Optional[str], allow_none: bool = True) -> None:
-    if kind is None and allow_none:
-        return
-    if kind not in KINDS:
-        raise CheckpointError(f"kind={kind!r} is unknown: use 'snapshot' or 'reported'")
-
-
-def _check_config(num_to_keep: Any, score_attribute: Any, score_order: Any) -> None:
-    if num_to_keep is not None and (isinstance(num_to_keep, bool) or not isinstance(num_to_keep, int)
-                                    or num_to_keep < 1):
-        raise CheckpointError(f"num_to_keep={num_to_keep!r} is not allowed: pass None to keep every "
-                              "checkpoint, or a whole number >= 1")
-    if score_attribute is not None and (not isinstance(score_attribute, str) or not score_attribute):
-        raise CheckpointError(f"score_attribute={score_attribute!r} is not allowed: pass a metric "
-                              "name such as 'val_loss', or None to rank by recency")
-    if score_order not in SCORE_ORDERS:
-        raise CheckpointError(f"score_order={score_order!r} is unknown: use 'max' or 'min'")
-
-
-def _lookup(metrics: Dict[str, Any], attribute: str) -> Any:
-    if attribute in metrics:
-        return metrics[attribute]
-    value: Any = metrics
-    for part in attribute.split("/"):  # "val/acc" reaches a nested {"val": {"acc": ...}}
-        if not isinstance(value, dict) or part not in value:
-            return None
-        value = value[part]
-    return value
 
 
 class CheckpointManager:
@@ -123,7 +57,7 @@ class CheckpointManager:
     def __init__(self, run_dir_url: Any, num_to_keep: Optional[int] = None,
                  score_attribute: Optional[str] = None, score_order: str = "max", *,
                  filesystem: Optional[Any] = None):
-        _check_config(num_to_keep, score_attribute, score_order)
+        check_config(num_to_keep, score_attribute, score_order)
         self.num_to_keep = num_to_keep
         self.score_attribute = score_attribute
         self.score_order = score_order
@@ -154,7 +88,7 @@ class CheckpointManager:
         config = config if isinstance(config, dict) else {}
         settings = (config.get("num_to_keep"), config.get("score_attribute"), config.get("score_order", "max"))
         try:
-            _check_config(*settings)
+            check_config(*settings)
         except CheckpointError as exc:
             raise CheckpointError(f"checkpoint index {to_url(fs, join(run, INDEX_FILE))}: {exc} (edited by "
                                   "hand?): restore it") from exc
@@ -177,8 +111,8 @@ class CheckpointManager:
         if data is None:
             return None
         where = f"checkpoint index {self._index_url()}"
-        if not isinstance(data, dict) or data.get("format") != _FORMAT:
-            raise CheckpointError(f"{where} is not a format-{_FORMAT} index (edited by hand?): restore it")
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise CheckpointError(f"{where} is not a format-{FORMAT} index (edited by hand?): restore it")
         raw, next_id = data.get("checkpoints"), data.get("next_id")
         if not isinstance(raw, list) or isinstance(next_id, bool) or not isinstance(next_id, int):
             raise CheckpointError(f"{where} has no checkpoint list (edited by hand?): restore it")
@@ -219,7 +153,7 @@ class CheckpointManager:
         def stored_path(e: CheckpointEntry) -> str:  # relative inside the run: the run can move
             return e.path[len(inside):] if e.path.startswith(inside) else e.path
 
-        data = {"format": _FORMAT, "next_id": self._next_id,
+        data = {"format": FORMAT, "next_id": self._next_id,
                 "config": {"num_to_keep": self.num_to_keep, "score_attribute": self.score_attribute,
                            "score_order": self.score_order},
                 "checkpoints": [{"name": e.name, "kind": e.kind, "path": stored_path(e), "metrics": e.metrics,
@@ -237,7 +171,7 @@ class CheckpointManager:
     def next_name(self, kind: str) -> str:
         """A fresh name: ``snapshot_000001`` or ``checkpoint_000002`` (never reused)."""
         with self._lock:
-            _check_kind(kind, allow_none=False)
+            check_kind(kind, allow_none=False)
             prefix = "snapshot" if kind == "snapshot" else "checkpoint"
             names = {e.name for e in self._entries}
             while True:
@@ -255,7 +189,7 @@ class CheckpointManager:
         Raises:
             CheckpointError: unknown kind, a bad name, or a name in use.
         """
-        _check_kind(kind, allow_none=False)
+        check_kind(kind, allow_none=False)
         self._check_new_name(name)
         return begin_dir(self._run, name or self.next_name(kind), filesystem=self._fs)
 
@@ -301,7 +235,7 @@ class CheckpointManager:
                 checkpoint, or metrics JSON cannot store.
         """
         with self._lock:
-            _check_kind(kind, allow_none=False)
+            check_kind(kind, allow_none=False)
             self._check_new_name(name)
             metrics = dict(metrics or {})
             to_json(metrics, "metrics", error=CheckpointError)
@@ -310,7 +244,7 @@ class CheckpointManager:
             if manifest is None:
                 raise CheckpointError(f"{to_url(fs, where)} is not a committed checkpoint: write it with "
                                       "begin()/commit() or persist()")
-            step = next((metrics[k] for k in _STEP_KEYS if isinstance(metrics.get(k), int)
+            step = next((metrics[k] for k in STEP_KEYS if isinstance(metrics.get(k), int)
                          and not isinstance(metrics.get(k), bool)), None)
             entry = CheckpointEntry(name=name, kind=kind, path=url, metrics=metrics, step=step, time=time.time(),
                                     size_bytes=int(manifest.get("size_bytes") or 0), filesystem=fs)
@@ -331,7 +265,7 @@ class CheckpointManager:
         order = self._entries.index(entry)
         if self.score_attribute is None:
             return (1, 0.0, order)
-        value = _lookup(entry.metrics, self.score_attribute)
+        value = score_of(entry.metrics, self.score_attribute)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
             return (0, 0.0, order)  # lacking the score: ranks lowest
         return (1, float(value) if self.score_order == "max" else -float(value), order)
@@ -373,7 +307,7 @@ class CheckpointManager:
 
     def list(self, kind: Optional[str] = None) -> List[CheckpointEntry]:
         """The checkpoints in the order they were registered, optionally of one kind."""
-        _check_kind(kind)
+        check_kind(kind)
         return [e for e in self._entries if kind is None or e.kind == kind]
 
     def latest(self, kind: Optional[str] = None) -> Optional[CheckpointEntry]:
@@ -411,15 +345,3 @@ class CheckpointManager:
         return (f"CheckpointManager({self.run_dir!r}, num_to_keep={self.num_to_keep}, "
                 f"score_attribute={self.score_attribute!r}, score_order={self.score_order!r}, "
                 f"checkpoints={len(self._entries)})")
-
-
-def list_runs(storage_url: Any, filesystem: Optional[Any] = None) -> List[str]:
-    """Names of the run directories under ``storage_url`` that have a checkpoint index."""
-    fs, root = resolve(storage_url, filesystem)
-    fs.invalidate_cache(root)
-    try:
-        entries = fs.ls(root, detail=True)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    dirs = [e["name"].rstrip("/") for e in entries if e.get("type") == "directory"]
-    return sorted(d.rsplit("/", 1)[-1] for d in dirs if fs.exists(join(d, INDEX_FILE)))

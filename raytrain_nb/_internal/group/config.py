@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Optional
+from typing import Dict, Optional
 
 from ..errors import GroupError
 from ..validate import BACKENDS, PLACEMENT_STRATEGIES, check_number  # noqa: F401 - BACKENDS re-exported
+
 
 @dataclasses.dataclass(frozen=True)
 class GroupConfig:

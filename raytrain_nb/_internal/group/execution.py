@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import importlib
 import logging
 import sys
 import time
@@ -17,7 +18,6 @@ from .recovery import ON_FAILURE, recover_and_retry
 from .slots import Slot
 from .state import GroupState, SlotState
 from .types import CellRecord, CellResult
-import importlib
 
 logger = logging.getLogger(__name__)
 

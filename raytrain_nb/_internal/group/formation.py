@@ -8,9 +8,9 @@ from typing import Any, Dict, List, Sequence
 from .. import cluster
 from ..errors import GroupError
 from ..worker.actor import remote_worker_class
+from .ranks import assign_ranks, rank_infos
 from .slots import Slot
 from .state import SlotState
-from .ranks import assign_ranks, rank_infos
 
 logger = logging.getLogger(__name__)
 

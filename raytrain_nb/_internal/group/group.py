@@ -16,6 +16,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence
 from .. import cluster, frontend
 from ..checkpoint.run_storage import RunStorage
 from ..errors import GroupError
+from ..worker.checkpointing import read_storage_marker
 from .config import GroupConfig
 from .execution import ExecutionMixin
 from .formation import FormationMixin, first_line
@@ -27,7 +28,6 @@ from .snapshots import RollbackResult, checkpoint, rollback, wait_background
 from .state import GroupState, SlotState, check_transition
 from .timing import INTERRUPT_WAIT_S
 from .types import CellRecord, WorkerStatus
-from ..worker.checkpointing import read_storage_marker
 
 logger = logging.getLogger(__name__)
 
@@ -371,7 +371,8 @@ class WorkerGroup(FormationMixin, ExecutionMixin):
 
     def _teardown(self) -> None:
         import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
-        from ray.util.placement_group import remove_placement_group  # ray: loaded when a group or trainer runs, not on import raytrain_nb
+        # ray: loaded when a group or trainer runs, not on import raytrain_nb
+        from ray.util.placement_group import remove_placement_group
 
         live = [s for s in self.slots if s.state != SlotState.DEAD]
         if live:

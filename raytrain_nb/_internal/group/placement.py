@@ -6,8 +6,8 @@ import logging
 import time
 from typing import Any, Dict, List
 
-from .config import GroupConfig
 from ..errors import ResourceError
+from .config import GroupConfig
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,8 @@ def reserve(config: GroupConfig, count: int, timeout_s: float) -> Any:
         ResourceError: the resources did not become free in time (names what is free).
     """
     import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
-    from ray.util.placement_group import placement_group, remove_placement_group  # ray: loaded when a group or trainer runs, not on import raytrain_nb
+    from ray.util.placement_group import (  # ray: loaded when a group or trainer runs, not on import raytrain_nb
+        placement_group, remove_placement_group)
 
     check_cluster(config, count)
     bundle = config.bundle() or {"CPU": 0.001}
@@ -119,7 +120,8 @@ def bundles_placed(places: List[Any]) -> List[bool]:
     One read of the node table, and one of each placement group's table, for all of them.
     """
     import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
-    from ray.util.placement_group import placement_group_table  # ray: loaded when a group or trainer runs, not on import raytrain_nb
+    # ray: loaded when a group or trainer runs, not on import raytrain_nb
+    from ray.util.placement_group import placement_group_table
 
     if not places:
         return []

@@ -1,8 +1,8 @@
 """Plain-text rendering of a group's status table."""
 from __future__ import annotations
 
-from typing import Any, Dict, Sequence
 import time as _time
+from typing import Any, Dict, Sequence
 
 
 def _metrics(m: Dict[str, Any], limit: int = 60) -> str:

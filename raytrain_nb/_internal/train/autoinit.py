@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+
 from .. import cluster
 
 logger = logging.getLogger(__name__)

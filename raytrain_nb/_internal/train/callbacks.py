@@ -27,9 +27,8 @@ import json
 import logging
 import math
 from typing import Any, Dict, List, Optional, Sequence
-from ..checkpoint.storage import resolve
+
 from ..checkpoint.storage import join, resolve, to_url
-from ..checkpoint.storage import join
 
 logger = logging.getLogger(__name__)
 

@@ -15,15 +15,13 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from ..errors import ConfigError
-from ..validate import BACKENDS, PLACEMENT_STRATEGIES, fail, is_int, is_number, refuse
-from ..errors import StorageError
 from ..checkpoint.storage import as_fsspec
+from ..errors import StorageError
+from ..validate import BACKENDS, PLACEMENT_STRATEGIES, fail, is_int, is_number, refuse
 
 _KW = {"kw_only": True} if sys.version_info >= (3, 10) else {}
 

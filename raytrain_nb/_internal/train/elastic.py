@@ -23,8 +23,7 @@ import dataclasses
 import logging
 import math
 import os
-import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
+from typing import TYPE_CHECKING, Dict, List, Union
 
 from ..errors import ResourceError, WorkerError
 from ..group.placement import await_bundles, bundles_placed

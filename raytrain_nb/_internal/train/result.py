@@ -15,10 +15,10 @@ import dataclasses
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..checkpoint.checkpoint import Checkpoint
-from ..errors import CheckpointError
-from ..checkpoint.storage import resolve, to_url
-from ..checkpoint.metrics_log import read_metrics
 from ..checkpoint.manager import CheckpointManager
+from ..checkpoint.metrics_log import read_metrics
+from ..checkpoint.storage import resolve, to_url
+from ..errors import CheckpointError
 
 #: Key under which metrics.jsonl keeps the report time; ``timestamp`` in the dataframe.
 _TIME_KEY = "_time"

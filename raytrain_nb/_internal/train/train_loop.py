@@ -6,13 +6,12 @@ Nothing here is a separate worker: the same actors, cell thread, ``report`` and
 from __future__ import annotations
 
 import inspect
+import sys
 from typing import Any, Callable, Dict, Optional
 
-from ..errors import ConfigError
-import weakref
-import sys
-from ..worker import session
 from ..backend import process_group_state
+from ..errors import ConfigError
+from ..worker import session
 
 
 def takes_config(fn: Callable[..., Any], what: str = "train_loop_per_worker") -> bool:
@@ -65,10 +64,7 @@ def _forget_prepared() -> None:
     traceback); a replacement rank never had it, so re-binding it would wait for that rank forever.
     A trainer's attempt owns its objects: the next attempt builds its own.
     """
-
     if "torch" not in sys.modules:
         return
 
-    state = process_group_state()
-    state._wrappers = weakref.WeakSet()
-    state._samplers = weakref.WeakSet()
+    process_group_state().forget_tracked()

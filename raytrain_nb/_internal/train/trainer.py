@@ -24,16 +24,14 @@ import secrets
 import time
 from typing import Any, Callable, Dict, Optional, Union
 
-from ..errors import ConfigError
-from ..validate import fail
-from .config import BackendConfig, DataConfig, RunConfig, ScalingConfig, TorchConfig
-from .train_loop import takes_config
-from .fit_run import storage_path_for
-from .fit_run import FitRun
-from .autoinit import install
-from ..group.datasets import check_datasets
-from ..errors import GroupError
 from ..checkpoint.checkpoint import Checkpoint
+from ..errors import ConfigError, GroupError
+from ..group.datasets import check_datasets
+from ..validate import fail
+from .autoinit import install
+from .config import BackendConfig, DataConfig, RunConfig, ScalingConfig, TorchConfig
+from .fit_run import FitRun, storage_path_for
+from .train_loop import takes_config
 
 logger = logging.getLogger(__name__)
 

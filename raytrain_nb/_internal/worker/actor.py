@@ -18,17 +18,17 @@ import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from . import cell as cellmod
 from ..backend import free_port, process_group_state
+from ..errors import RankFailure, failure_from_exception
+from . import cell as cellmod
 from .capture import OutputBuffer, OutputCapture
 from .cell_thread import CellThread, to_cpu
-from .display import WorkerDisplay
-from ..errors import RankFailure, failure_from_exception
-from .session import TrainContext, WorkerSession, set_session
-from .snapshot import fingerprint
 from .checkpointing import CheckpointingWorker
+from .display import WorkerDisplay
 from .outcome import CellOutcome
 from .replicate import sync_replicated
+from .session import TrainContext, WorkerSession, set_session
+from .snapshot import fingerprint
 
 logger = logging.getLogger(__name__)
 

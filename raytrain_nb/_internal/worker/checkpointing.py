@@ -7,12 +7,12 @@ import threading
 from typing import Any, Dict, Optional, Sequence
 
 from ..checkpoint import reported
+from ..checkpoint.manager import CheckpointManager
 from ..checkpoint.staging import StagedDir
 from ..checkpoint.storage_check import read_marker
+from ..errors import CheckpointError
 from . import snapshot_io
 from .session import get_context
-from ..errors import CheckpointError
-from ..checkpoint.manager import CheckpointManager
 
 logger = logging.getLogger(__name__)
 

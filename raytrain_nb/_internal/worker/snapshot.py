@@ -12,15 +12,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+import math
 import pickle
 import random
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import SnapshotError
-import math
-
-
-
 
 _PLAIN = (int, float, str, bool, type(None), bytes)
 

@@ -13,9 +13,9 @@ import logging
 import os
 from typing import Any, Dict, Optional, Sequence
 
-from .snapshot import capture, changed_since, fingerprint, loads, restore
 from ..checkpoint.staging import StagedDir, verify_dir
 from ..checkpoint.storage import is_local, join, resolve
+from .snapshot import capture, changed_since, fingerprint, loads, restore
 
 logger = logging.getLogger(__name__)
 

@@ -1,13 +1,13 @@
 """Small ``ray.train.torch`` helpers kept so ported scripts run unchanged (worker side)."""
 from __future__ import annotations
 
+import os
 import random
 from typing import Any, List
 
 import torch
 
 from .torch_utils import get_device
-import os
 
 
 def get_devices() -> List[torch.device]:

@@ -75,7 +75,8 @@ def prepare_model(
     if state.deferred:  # a new rank replaying setup cells: wrap when the group forms
         wrapper = deferred_ddp(model, kwargs)
     else:
-        from torch.nn.parallel import DistributedDataParallel as DDP  # torch: loaded on first use, not on import raytrain_nb
+        # torch: loaded on first use, not on import raytrain_nb
+        from torch.nn.parallel import DistributedDataParallel as DDP
 
         wrapper = DDP(model, **kwargs)
         wrapper._rtnb_ddp_kwargs = kwargs

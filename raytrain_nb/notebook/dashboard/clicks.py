@@ -23,6 +23,7 @@ import datetime
 import threading
 import time
 from typing import Any, Deque, Dict, Iterator, Optional, Tuple
+
 from ..routing import current_parent
 
 NO_DATE_GRACE_S = 1.0

@@ -50,7 +50,8 @@ class MetricsPlot:
     """A reusable figure; :meth:`render` returns PNG bytes. ``full_draws`` counts the slow frames."""
 
     def __init__(self) -> None:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg  # matplotlib: optional or heavy, loaded on first use
+        # matplotlib: optional or heavy, loaded on first use
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure  # matplotlib: optional or heavy, loaded on first use
 
         self.figure = Figure(figsize=(WIDTH_IN, HEIGHT_IN), dpi=DPI)

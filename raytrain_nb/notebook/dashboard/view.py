@@ -21,11 +21,11 @@ from typing import Any, Callable, Dict, List, Optional
 
 import ipywidgets as w
 
-from .clicks import click_guard
+from ..routing import current_parent
 from .actions import ICONS, LABELS, STYLES, act, entry_label
+from .clicks import click_guard
 from .model import BUTTONS, GONE, STATE_COLOURS, DashboardModel, Situation, button_states, n_workers
 from .rows import RowWidgets, header_row
-from ..routing import current_parent
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,94 @@
+"""The group's state machine: which transitions exist, and that a forbidden one raises."""
+import threading
+
+import pytest
+
+from raytrain_nb._internal.errors import GroupError, TransitionError
+from raytrain_nb._internal.group.group import WorkerGroup
+from raytrain_nb._internal.group.slots import Slot, SlotTable
+from raytrain_nb._internal.group.state import TRANSITIONS, GroupState, SlotState, check_transition
+
+S = GroupState
+
+#: Every transition a group makes, and why (the table in state.py must say exactly this).
+EXPECTED = {
+    (S.STARTING, S.IDLE): "the workers formed the group",
+    (S.STARTING, S.RUNNING): "the start-up storage check runs on the workers",
+    (S.STARTING, S.SHUTDOWN): "shut down before it was ready",
+    (S.IDLE, S.RUNNING): "a cell or function starts",
+    (S.IDLE, S.FAILED): "a worker died between cells",
+    (S.IDLE, S.RECOVERING): "restart or rescale",
+    (S.IDLE, S.SHUTDOWN): "shutdown",
+    (S.RUNNING, S.IDLE): "the cell ended",
+    (S.RUNNING, S.FAILED): "a worker died during the cell",
+    (S.RUNNING, S.RECOVERING): "a rank that ignored two interrupts is replaced",
+    (S.RUNNING, S.SHUTDOWN): "shutdown",
+    (S.FAILED, S.RUNNING): "a failed rescale left every worker alive: cells run again",
+    (S.FAILED, S.RECOVERING): "restart or rescale",
+    (S.FAILED, S.SHUTDOWN): "shutdown",
+    (S.RECOVERING, S.IDLE): "recovered",
+    (S.RECOVERING, S.FAILED): "recovery failed",
+    (S.RECOVERING, S.SHUTDOWN): "shutdown",
+}
+
+
+def test_the_table_lists_exactly_the_transitions_a_group_makes():
+    table = {(old, new) for old, news in TRANSITIONS.items() for new in news}
+    assert table == set(EXPECTED)
+    assert set(TRANSITIONS) == set(GroupState)  # every state has a row
+    assert not TRANSITIONS[S.SHUTDOWN]  # the end
+
+
+@pytest.mark.parametrize("old", list(GroupState))
+@pytest.mark.parametrize("new", list(GroupState))
+def test_check_transition_follows_the_table(old, new):
+    if old is new or (old, new) in EXPECTED:
+        check_transition(old, new)
+    else:
+        with pytest.raises(TransitionError, match=rf"cannot go from '{old.value}' to '{new.value}' \(allowed from"):
+            check_transition(old, new)
+
+
+def test_states_are_the_strings_users_compare_with():
+    assert S.IDLE == "idle" and S.SHUTDOWN == "shut down" and SlotState.DEAD == "dead"
+    assert f"{S.RUNNING}" == "running" and str(SlotState.UNRESPONSIVE) == "unresponsive"
+    assert SlotState.DEAD.gone and SlotState.UNRESPONSIVE.gone and not SlotState.FAILED.gone
+    assert issubclass(TransitionError, GroupError)
+
+
+def _bare_group(state):
+    """A WorkerGroup object without workers: just what transition() touches."""
+    group = object.__new__(WorkerGroup)
+    group.state, group._state_lock, group._observers = state, threading.RLock(), []
+    return group
+
+
+def test_transition_tells_observers_and_refuses_what_the_table_forbids():
+    group = _bare_group(S.IDLE)
+    seen = []
+    group.subscribe(lambda old, new: seen.append((old, new)))
+    group.transition(S.RUNNING)
+    group.transition(S.RUNNING)  # staying is no change: observers are not told
+    group.transition(S.IDLE)
+    assert seen == [(S.IDLE, S.RUNNING), (S.RUNNING, S.IDLE)]
+    group.transition(S.SHUTDOWN)
+    with pytest.raises(TransitionError, match="cannot go from 'shut down' to 'idle'"):
+        group.transition(S.IDLE)
+    assert group.state is S.SHUTDOWN and seen[-1] == (S.IDLE, S.SHUTDOWN)
+
+
+def test_slot_table_tells_live_and_gone_ranks():
+    table = SlotTable()
+    slots = [Slot(actor=f"a{i}", pg="pg", bundle=i, info={}) for i in range(3)]
+    table.assign(slots)
+    slots[0].mark(SlotState.IDLE)
+    slots[1].mark(SlotState.DEAD, "killed")
+    slots[2].mark(SlotState.UNRESPONSIVE, "silent")
+    assert table.live_ranks() == [0] and table.gone_ranks() == [1, 2]
+    assert table.rank_of(slots[2].actor) == 2 and table.rank_of("nobody") is None
+    new = Slot(actor="b", pg="pg", bundle=1, info={})
+    assert table.put(1, new) is slots[1] and table[1] is new
+    table.spares.append(Slot(actor="spare", pg="pg", bundle=3, info={}))
+    assert [s.actor for s in table.everyone()] == ["a0", "b", "a2", "spare"]
+    assert table.take_spare().actor == "spare" and table.take_spare() is None
+    assert slots[1].error == "killed" and slots[1].place == ("pg", 1)
