@@ -1,19 +1,67 @@
-"""A real worker group for a test module: started, set up, and always shut down."""
+"""What tests that use a real worker group share: starting one, quiet runs, output markers, parameters."""
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+import threading
+from typing import Any, Iterator, List
 
 from raytrain_nb import WorkerGroup
 from raytrain_nb._internal.output import CollectSink
 
+#: A DDP model and its optimizer on every rank (the setup cell most tests start from).
+SETUP = """
+import torch, raytrain_nb as train
+from raytrain_nb.torch import prepare_model
+torch.manual_seed(0)
+rank = train.get_context().get_world_rank()
+model = prepare_model(torch.nn.Linear(10, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+model_id = id(model)
+"""
+
+#: One training step of the model in :data:`SETUP`.
+STEP = """
+loss = model(torch.randn(32, 10)).pow(2).mean()
+opt.zero_grad(); loss.backward(); opt.step()
+"""
+
 
 @contextlib.contextmanager
-def set_up_group(setup: str, num_workers: int = 2) -> Iterator[WorkerGroup]:
+def set_up_group(setup: str, num_workers: int = 2, **options: Any) -> Iterator[WorkerGroup]:
     """A ``num_workers`` gloo group that has run the cell ``setup``; shut down on exit."""
-    g = WorkerGroup(num_workers)
+    g = WorkerGroup(num_workers, **options)
     try:
         g.run(setup, sink=CollectSink())
         yield g
     finally:
         g.shutdown()
+
+
+def quiet(group: WorkerGroup, source: str, **options: Any) -> Any:
+    """``group.run(source)`` with its output collected, not printed."""
+    return group.run(source, sink=CollectSink(), **options)
+
+
+def rank_params(group: WorkerGroup, name: str = "model") -> List[List[Any]]:
+    """Each rank's parameters of the model bound to ``name``, as CPU tensors (pulled from the workers)."""
+    return [[p.detach() for p in m.parameters()] for m in group.pull(name, rank=None)]
+
+
+class MarkerSink(CollectSink):
+    """Collects output; ``seen`` is set once ``marker`` appears in it (or a notice, with ``on_notice``)."""
+
+    def __init__(self, marker: str = "training", on_notice: bool = False) -> None:
+        super().__init__()
+        self.marker = marker
+        self.on_notice = on_notice
+        self.seen = threading.Event()
+
+    def stream(self, rank: int, name: str, text: str, label: bool) -> None:
+        super().stream(rank, name, text, label)
+        if self.marker in text:
+            self.seen.set()
+
+    def notice(self, text: str) -> None:
+        super().notice(text)
+        if self.on_notice:
+            self.seen.set()

@@ -4,15 +4,16 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 
 import pytest
 import torch
 
 from raytrain_nb import WorkerGroup
-from raytrain_nb._internal.errors import CheckpointError, GroupError, StorageError, WorkerError
+from raytrain_nb._internal.errors import CheckpointError, GroupError, StorageError
 from raytrain_nb._internal.output import CollectSink
-from raytrain_nb._internal.errors import SnapshotError
+
+from ..groups import quiet
+from ..waiting import wait_for
 
 SETUP = """
 import os, tempfile, torch, raytrain_nb as train
@@ -34,13 +35,9 @@ STATE = ("([p.detach().clone() for p in model.parameters()], "
          "[s['momentum_buffer'].clone() for s in opt.state.values()], sched.last_epoch)")
 
 
-def quiet(g, src, **kw):
-    return g.run(src, sink=CollectSink(), **kw)
-
-
-def state_by_rank(g):
-    g.run(f"_state = {STATE}", sink=CollectSink())
-    return g.pull("_state", rank=None)
+def state_by_rank(group):
+    group.run(f"_state = {STATE}", sink=CollectSink())
+    return group.pull("_state", rank=None)
 
 
 def same(a, b):
@@ -50,7 +47,7 @@ def same(a, b):
 
 
 @pytest.fixture(scope="module")
-def g(ray_session, tmp_path_factory):
+def group(ray_session, tmp_path_factory):
     group = WorkerGroup(2, storage_path=str(tmp_path_factory.mktemp("runs")), name="ckpt-run",
                         num_to_keep=2, checkpoint_score_attribute="acc")
     quiet(group, SETUP)
@@ -59,40 +56,40 @@ def g(ray_session, tmp_path_factory):
     group.shutdown()
 
 
-def test_round_trip_restores_parameters_and_optimizer_state_in_place(g):
-    before = state_by_rank(g)
-    entry = g.checkpoint(name="round-trip", vars=["step"])
+def test_round_trip_restores_parameters_and_optimizer_state_in_place(group):
+    before = state_by_rank(group)
+    entry = group.checkpoint(name="round-trip", vars=["step"])
     assert entry.kind == "snapshot" and entry.size_bytes > 0
-    ids = g.run("(id(model), id(opt), id(sched))", output="all", sink=CollectSink()).values
-    quiet(g, TRAIN.format(n=3))
-    after_a = state_by_rank(g)
+    ids = group.run("(id(model), id(opt), id(sched))", output="all", sink=CollectSink()).values
+    quiet(group, TRAIN.format(n=3))
+    after_a = state_by_rank(group)
     assert not same(after_a[0], before[0])
-    result = g.rollback("round-trip")
+    result = group.rollback("round-trip")
     assert set(result.restored) >= {"model", "opt", "sched", "step"}
-    rolled = state_by_rank(g)
+    rolled = state_by_rank(group)
     assert all(same(r, b) for r, b in zip(rolled, before)), "rollback did not restore params+momentum"
-    assert g.run("(id(model), id(opt), id(sched))", output="all", sink=CollectSink()).values == ids
-    assert g.pull("step") == 4
-    quiet(g, TRAIN.format(n=3))  # same RNG, same data: training matches the run that never diverged
-    again = state_by_rank(g)
+    assert group.run("(id(model), id(opt), id(sched))", output="all", sink=CollectSink()).values == ids
+    assert group.pull("step") == 4
+    quiet(group, TRAIN.format(n=3))  # same RNG, same data: training matches the run that never diverged
+    again = state_by_rank(group)
     assert all(same(x, y) for x, y in zip(again, after_a))
 
 
-def test_rollback_lists_plain_variables_that_changed(g):
-    g.checkpoint(name="vars-check")
-    quiet(g, "step += 10\nnote = 'new'")
-    result = g.rollback("vars-check")
+def test_rollback_lists_plain_variables_that_changed(group):
+    group.checkpoint(name="vars-check")
+    quiet(group, "step += 10\nnote = 'new'")
+    result = group.rollback("vars-check")
     assert result.changed == ["note", "step"] and "step" in str(result)
-    quiet(g, "del note")
+    quiet(group, "del note")
 
 
-def test_async_save_writes_the_state_at_the_call(g):
-    before = state_by_rank(g)
-    assert g.checkpoint(name="async-one", blocking=False) is None
-    quiet(g, TRAIN.format(n=5))  # trains while the snapshot is written
-    assert "async-one" in [e.name for e in g.checkpoints()]
-    g.rollback("async-one")
-    assert all(same(r, b) for r, b in zip(state_by_rank(g), before))
+def test_async_save_writes_the_state_at_the_call(group):
+    before = state_by_rank(group)
+    assert group.checkpoint(name="async-one", blocking=False) is None
+    quiet(group, TRAIN.format(n=5))  # trains while the snapshot is written
+    assert "async-one" in [e.name for e in group.checkpoints()]
+    group.rollback("async-one")
+    assert all(same(r, b) for r, b in zip(state_by_rank(group), before))
 
 
 class StartedSink(CollectSink):
@@ -107,7 +104,7 @@ class StartedSink(CollectSink):
         self.started.set()
 
 
-def test_snapshot_mid_cell_is_taken_at_a_report(g, tmp_path):
+def test_snapshot_mid_cell_is_taken_at_a_report(group, tmp_path):
     box = {}
     sink = StartedSink()
     started = sink.started
@@ -116,22 +113,22 @@ def test_snapshot_mid_cell_is_taken_at_a_report(g, tmp_path):
     def take():
         started.wait(60)
         try:
-            box["entry"] = g.checkpoint(name="mid-cell", vars=["step"], timeout_s=120)
+            box["entry"] = group.checkpoint(name="mid-cell", vars=["step"], timeout_s=120)
         finally:
             done_flag.touch()  # the cell trains, reporting each step, until the snapshot is in
 
     t = threading.Thread(target=take)
     t.start()
-    g.run(f"import os, time\nprint('go', flush=True)\nwhile not os.path.exists({str(done_flag)!r}):\n"
+    group.run(f"import os, time\nprint('go', flush=True)\nwhile not os.path.exists({str(done_flag)!r}):\n"
           "    time.sleep(0.05)\n    step += 1\n    train.report({'step': step})", sink=sink)
     t.join(60)
-    quiet(g, "step = -1")
-    g.rollback("mid-cell")
-    restored = g.pull("step", rank=None)
+    quiet(group, "step = -1")
+    group.rollback("mid-cell")
+    restored = group.pull("step", rank=None)
     assert restored[0] == restored[1] and restored[0] > 0, "the snapshot was not taken at a step boundary"
 
 
-def test_snapshot_mid_cell_without_report_fails_with_the_reason(g):
+def test_snapshot_mid_cell_without_report_fails_with_the_reason(group):
     errors = []
     sink = StartedSink()
     started = sink.started
@@ -139,49 +136,49 @@ def test_snapshot_mid_cell_without_report_fails_with_the_reason(g):
     def take():
         started.wait(60)
         try:
-            g.checkpoint(name="never", timeout_s=1)
+            group.checkpoint(name="never", timeout_s=1)
         except CheckpointError as exc:
             errors.append(str(exc))
 
     t = threading.Thread(target=take)
     t.start()
-    g.run("import time\nprint('go', flush=True)\ntime.sleep(4)", sink=sink)
+    group.run("import time\nprint('go', flush=True)\ntime.sleep(4)", sink=sink)
     t.join(30)
     assert errors and "no report() came on every rank within 1 s" in errors[0]
-    assert "never" not in [e.name for e in g.checkpoints()]
+    assert "never" not in [e.name for e in group.checkpoints()]
 
 
-def test_reported_checkpoints_ranked_pruned_and_snapshots_kept(g):
-    snapshots = [e.name for e in g.checkpoints("snapshot")]
-    quiet(g, """
+def test_reported_checkpoints_ranked_pruned_and_snapshots_kept(group):
+    snapshots = [e.name for e in group.checkpoints("snapshot")]
+    quiet(group, """
 for acc in [0.5, 0.9, 0.1, 0.7]:
     with tempfile.TemporaryDirectory() as d:
         with open(os.path.join(d, f"rank{rank}.txt"), "w") as f:
             f.write(str(acc))
         train.report({"acc": acc, "step": step}, checkpoint=train.Checkpoint.from_directory(d))
 """)
-    reported = g.checkpoints("reported")
+    reported = group.checkpoints("reported")
     assert [e.metrics["acc"] for e in reported] == [0.9, 0.7]  # best by acc, and the latest
-    assert [e.name for e in g.checkpoints("snapshot")] == snapshots
+    assert [e.name for e in group.checkpoints("snapshot")] == snapshots
     files = sorted(os.listdir(reported[-1].path))
     assert "rank0.txt" in files and "rank1.txt" in files  # files of every rank merge
-    latest = g.run("ck = train.get_checkpoint(); open(os.path.join(ck.path, 'rank1.txt')).read()",
+    latest = group.run("ck = train.get_checkpoint(); open(os.path.join(ck.path, 'rank1.txt')).read()",
                    sink=CollectSink()).value
     assert latest == "'0.7'"
     from raytrain_nb._internal.checkpoint.metrics_log import read_metrics
 
-    assert [m["acc"] for m in read_metrics(g.run_storage.url) if "acc" in m][-4:] == [0.5, 0.9, 0.1, 0.7]
+    assert [m["acc"] for m in read_metrics(group.run_storage.url) if "acc" in m][-4:] == [0.5, 0.9, 0.1, 0.7]
 
 
-def test_listing_and_rolling_back_from_a_new_group(g, tmp_path):
-    g.checkpoint(name="for-new-group")
-    saved = state_by_rank(g)[0]
-    other = WorkerGroup(1, storage_path=g.storage_path, name="second-run", activate=False)
+def test_listing_and_rolling_back_from_a_new_group(group, tmp_path):
+    group.checkpoint(name="for-new-group")
+    saved = state_by_rank(group)[0]
+    other = WorkerGroup(1, storage_path=group.storage_path, name="second-run", activate=False)
     try:
         quiet(other, SETUP)
         from raytrain_nb._internal.checkpoint.manager import CheckpointManager
 
-        names = [e.name for e in CheckpointManager.load(os.path.join(g.storage_path, "ckpt-run")).list()]
+        names = [e.name for e in CheckpointManager.load(os.path.join(group.storage_path, "ckpt-run")).list()]
         assert "for-new-group" in names
         other.rollback("for-new-group", run="ckpt-run")
         assert same(state_by_rank(other)[0], saved)
@@ -189,32 +186,32 @@ def test_listing_and_rolling_back_from_a_new_group(g, tmp_path):
         other.shutdown()
 
 
-def test_bad_rollbacks_say_what_is_wrong(g):
+def test_bad_rollbacks_say_what_is_wrong(group):
     with pytest.raises(CheckpointError, match=r"no checkpoint named 'nope'.*round-trip"):
-        g.rollback("nope")
-    reported = g.checkpoints("reported")[-1].name
+        group.rollback("nope")
+    reported = group.checkpoints("reported")[-1].name
     with pytest.raises(CheckpointError, match="is a reported checkpoint"):
-        g.rollback(reported)
-    entry = g.checkpoint(name="to-damage")
+        group.rollback(reported)
+    entry = group.checkpoint(name="to-damage")
     with open(os.path.join(entry.path, "replicated.pt"), "r+b") as f:
         f.truncate(100)
-    before = state_by_rank(g)
+    before = state_by_rank(group)
     with pytest.raises(GroupError, match=r"replicated.pt"):
-        g.rollback("to-damage")
-    assert all(same(a, b) for a, b in zip(state_by_rank(g), before)), "a damaged file was half-loaded"
-    g.checkpoint(name="lost-object")
-    quiet(g, "sched2 = sched\ndel sched")
+        group.rollback("to-damage")
+    assert all(same(a, b) for a, b in zip(state_by_rank(group), before)), "a damaged file was half-loaded"
+    group.checkpoint(name="lost-object")
+    quiet(group, "sched2 = sched\ndel sched")
     with pytest.raises(GroupError, match=r"sched \(scheduler\) no longer exist"):
-        g.rollback("lost-object")
-    quiet(g, "sched = sched2\ndel sched2")
+        group.rollback("lost-object")
+    quiet(group, "sched = sched2\ndel sched2")
 
 
-def test_optimizer_of_an_unnamed_model_is_refused(g):
-    quiet(g, "orphan = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)")
+def test_optimizer_of_an_unnamed_model_is_refused(group):
+    quiet(group, "orphan = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)")
     with pytest.raises(GroupError, match=r"optimizer 'orphan' optimizes parameters of no model"):
-        g.checkpoint(name="orphaned")
-    quiet(g, "del orphan")
-    assert "orphaned" not in [e.name for e in g.checkpoints()]
+        group.checkpoint(name="orphaned")
+    quiet(group, "del orphan")
+    assert "orphaned" not in [e.name for e in group.checkpoints()]
 
 
 def test_storage_errors_are_one_line(ray_session, tmp_path):
@@ -247,13 +244,12 @@ def test_worker_killed_while_writing_leaves_previous_snapshot_loadable(ray_sessi
                                       "write", slow_write), ranks=[0])
         group.checkpoint(name="partial", blocking=False)
         staging = tmp_path / "kill-run" / ".staging"
-        while not any((p / "replicated.pt").exists() for p in staging.glob("partial-*")):
-            time.sleep(0.01)
+        wait_for(lambda: any((p / "replicated.pt").exists() for p in staging.glob("partial-*")), 60,
+                 "the background snapshot to start writing", interval=0.01)
         os.kill(group.status()[0].pid, signal.SIGKILL)
         assert [e.name for e in group.checkpoints()] == ["good"]  # waits for the background write
         assert not list(staging.glob("partial-*")), "the partial snapshot was left behind"
-        while group.status()[0].state != "dead":
-            pass
+        wait_for(lambda: group.status()[0].state == "dead", 30, "rank 0 to show dead")
         group.restart()
         sink = CollectSink()
         group.run(TRAIN.format(n=2), sink=sink)

@@ -9,7 +9,7 @@ import pytest
 from raytrain_nb import GroupError, ResourceError, WorkerError, WorkerGroup
 from raytrain_nb._internal.output import CollectSink
 
-from .conftest import STEP, rank_params
+from ..groups import STEP, rank_params
 
 
 class TimedSink(CollectSink):

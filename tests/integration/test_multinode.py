@@ -29,8 +29,8 @@ SCRIPT = textwrap.dedent("""
           "opt = torch.optim.SGD(model.parameters(), lr=0.1)\\nstep = 0", sink=CollectSink())
     out["node_ranks"] = g.execute(lambda: __import__("raytrain_nb").get_context().get_node_rank())
     out["nodes"] = [r.node for r in g.status()]
-    out["node_ids"] = [s.info["node_id"] for s in g._slots]
-    out["pids"] = [s.info["pid"] for s in g._slots]
+    out["node_ids"] = [s.info["node_id"] for s in g.slots]
+    out["pids"] = [s.info["pid"] for s in g.slots]
     victim = next(n for n in nodes if n.node_id == out["node_ids"][1])
 
     class Sink(CollectSink):
@@ -58,7 +58,7 @@ SCRIPT = textwrap.dedent("""
     # the lost node's place moves to the free third node: a restart waits for Ray to record the death
     # (until then the lost node's bundle still looks placed) and starts the new rank 1 there
     g.restart()
-    out["restarted_node"] = g._slots[1].info["node_id"]
+    out["restarted_node"] = g.slots[1].info["node_id"]
     out["victim_node"] = victim.node_id
     out["spare_node"] = next(n.node_id for n in nodes if n.node_id not in out["node_ids"])
     out["after_restart"] = g.run("loss = model(torch.randn(8, 4)).pow(2).mean()\\nloss.backward()\\n"

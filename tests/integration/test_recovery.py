@@ -11,8 +11,7 @@ import pytest
 from raytrain_nb import WorkerError, WorkerGroup
 from raytrain_nb._internal.output import CollectSink
 
-from ..groups import set_up_group
-from .conftest import SETUP, STEP, rank_params
+from ..groups import SETUP, STEP, MarkerSink, rank_params, set_up_group
 
 BLOCK_RANK0_IN_BACKWARD = """
 loss = model(torch.randn(32, 10)).pow(2).mean()
@@ -23,26 +22,13 @@ loss.backward()
 """
 
 
-class EventSink(CollectSink):
-    """Sets ``seen`` when some text appears in the output."""
-
-    def __init__(self, marker):
-        super().__init__()
-        self.marker = marker
-        self.seen = threading.Event()
-
-    def stream(self, rank, name, text, label):
-        super().stream(rank, name, text, label)
-        if self.marker in text:
-            self.seen.set()
-
-    def notice(self, text):
-        super().notice(text)
-        self.seen.set()
+def EventSink(marker):
+    """Sets ``seen`` when ``marker`` appears in the output, or a notice comes."""
+    return MarkerSink(marker, on_notice=True)
 
 
 @pytest.fixture(scope="module")
-def ddp(ray_session):
+def group(ray_session):
     with set_up_group(SETUP) as g:
         yield g
 
@@ -59,31 +45,31 @@ def _fd_and_threads(g):
     return g.execute(lambda: (len(os.listdir("/proc/self/fd")), threading.active_count()))
 
 
-def test_divergent_error_releases_the_waiting_rank(ddp):
+def test_divergent_error_releases_the_waiting_rank(group):
     started = time.monotonic()
     with pytest.raises(WorkerError) as info:
-        ddp.run(BLOCK_RANK0_IN_BACKWARD.format(rank1="raise ValueError('only rank 1 failed')"), sink=CollectSink())
+        group.run(BLOCK_RANK0_IN_BACKWARD.format(rank1="raise ValueError('only rank 1 failed')"), sink=CollectSink())
     assert time.monotonic() - started < 10
     err = info.value
     assert err.ranks == [1] and str(err) == "[rank 1] ValueError: only rank 1 failed"
     assert "rank 0 released" in err.render()
-    assert_trains_identically(ddp)
+    assert_trains_identically(group)
 
 
-def test_interrupt_releases_a_rank_blocked_in_ddp_backward(ddp):
+def test_interrupt_releases_a_rank_blocked_in_ddp_backward(group):
     sink = EventSink("rank 1 busy")
     box = {}
     runner = threading.Thread(target=lambda: box.setdefault("exc", _expect_error(
-        ddp, BLOCK_RANK0_IN_BACKWARD.format(rank1="while True:\n        pass"), sink)))
+        group, BLOCK_RANK0_IN_BACKWARD.format(rank1="while True:\n        pass"), sink)))
     runner.start()
     assert sink.seen.wait(60)
     started = time.monotonic()
-    states = ddp.interrupt()
+    states = group.interrupt()
     runner.join(10)
     assert not runner.is_alive() and time.monotonic() - started < 2.0
     assert {s["state"] for s in states} <= {"stopped", "released"}
     assert set(box["exc"].type_names) == {"KeyboardInterrupt"}
-    assert_trains_identically(ddp)
+    assert_trains_identically(group)
 
 
 def _expect_error(g, source, sink):
@@ -105,14 +91,14 @@ def _sigint_when(event, delay=0.0):
     return t
 
 
-def test_ctrl_c_in_the_driver_interrupts_every_rank(ddp):
+def test_ctrl_c_in_the_driver_interrupts_every_rank(group):
     sink = EventSink("looping")
     _sigint_when(sink.seen)
     with pytest.raises(WorkerError) as info:
-        ddp.run("print('looping', flush=True)\nwhile True:\n" + "    " + STEP.strip().replace("\n", "\n    "),
+        group.run("print('looping', flush=True)\nwhile True:\n" + "    " + STEP.strip().replace("\n", "\n    "),
                 sink=sink)
     assert set(info.value.type_names) == {"KeyboardInterrupt"}
-    assert_trains_identically(ddp)
+    assert_trains_identically(group)
 
 
 def test_a_stuck_rank_is_named_then_replaced_by_a_second_interrupt(ray_session):
@@ -146,25 +132,25 @@ def test_a_stuck_rank_is_named_then_replaced_by_a_second_interrupt(ray_session):
         g.shutdown()
 
 
-def test_soak_interrupts_and_divergent_errors_leak_nothing(ddp):
-    ddp.run(STEP, sink=CollectSink())
-    before = _fd_and_threads(ddp)
+def test_soak_interrupts_and_divergent_errors_leak_nothing(group):
+    group.run(STEP, sink=CollectSink())
+    before = _fd_and_threads(group)
     for cycle in range(50):
         if cycle % 2:
             with pytest.raises(WorkerError):
-                ddp.run(BLOCK_RANK0_IN_BACKWARD.format(rank1="raise ValueError('x')"), sink=CollectSink())
+                group.run(BLOCK_RANK0_IN_BACKWARD.format(rank1="raise ValueError('x')"), sink=CollectSink())
         else:
             sink = EventSink("rank 1 busy")
             runner = threading.Thread(target=_expect_error, args=(
-                ddp, BLOCK_RANK0_IN_BACKWARD.format(rank1="while True:\n        pass"), sink))
+                group, BLOCK_RANK0_IN_BACKWARD.format(rank1="while True:\n        pass"), sink))
             runner.start()
             assert sink.seen.wait(60)
-            ddp.interrupt()
+            group.interrupt()
             runner.join(30)
             assert not runner.is_alive()
-        ddp.run(STEP, sink=CollectSink())
-    after = _fd_and_threads(ddp)
+        group.run(STEP, sink=CollectSink())
+    after = _fd_and_threads(group)
     for (fd0, th0), (fd1, th1) in zip(before, after):
         assert fd1 <= fd0 + 2, f"file descriptors grew from {fd0} to {fd1}"
         assert th1 <= th0 + 1, f"threads grew from {th0} to {th1}"
-    assert_trains_identically(ddp)
+    assert_trains_identically(group)

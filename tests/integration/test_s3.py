@@ -19,14 +19,14 @@ import pytest
 moto_server = pytest.importorskip("moto.server")
 s3fs = pytest.importorskip("s3fs")
 
-from raytrain_nb._internal.checkpoint import storage
 from raytrain_nb._internal.checkpoint import storage_check  # noqa: E402
+from raytrain_nb._internal.checkpoint import storage
 from raytrain_nb._internal.checkpoint.checkpoint import Checkpoint  # noqa: E402
 from raytrain_nb._internal.checkpoint.manager import CheckpointManager  # noqa: E402
 from raytrain_nb._internal.checkpoint.metrics_log import append_metrics, read_metrics  # noqa: E402
+from raytrain_nb._internal.checkpoint.staging import (COMMIT_MARKER, WRITING_MARKER, atomic_dir,  # noqa: E402
+                                                      begin_dir, clean_staging, list_committed)
 from raytrain_nb._internal.errors import CheckpointError  # noqa: E402
-from raytrain_nb._internal.checkpoint.staging import (COMMIT_MARKER, WRITING_MARKER, atomic_dir, begin_dir,  # noqa: E402
-                                           clean_staging, list_committed)
 
 BUCKET = "raytrain-nb-test"
 

@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
 
-from raytrain_nb import (CheckpointConfig, CSVLoggerCallback, DataParallelTrainer, FailureConfig,
-                         JsonLoggerCallback, Result, RunConfig, ScalingConfig, TrainingFailedError, UserCallback)
+from raytrain_nb import (CheckpointConfig, CSVLoggerCallback, DataParallelTrainer, FailureConfig, JsonLoggerCallback,
+                         Result, RunConfig, ScalingConfig, TrainingFailedError, UserCallback)
 from raytrain_nb.torch import TorchTrainer
 
 from . import train_loops

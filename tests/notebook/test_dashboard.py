@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
-import time
 
 import pytest
 import torch
@@ -16,7 +14,8 @@ import torch
 from raytrain_nb._internal.output import CollectSink
 from raytrain_nb.notebook.dashboard.view import dashboard_for
 
-from ..groups import set_up_group
+from ..groups import rank_params, set_up_group
+from ..waiting import wait_for
 
 pytestmark = pytest.mark.ray
 
@@ -35,16 +34,6 @@ for step in range({n}):
     train.report({{"step": step, "loss": loss.item()}}{total})
     time.sleep({pause})
 """
-
-
-def wait_for(cond, timeout=60.0, what="the condition"):
-    """Poll ``cond`` until it is true; fail after ``timeout`` seconds naming ``what``."""
-    deadline = time.monotonic() + timeout
-    tick = threading.Event()
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        tick.wait(0.05)
 
 
 def params(g):
@@ -187,8 +176,7 @@ def test_rescale_button_shrinks_and_grows_the_rows_and_the_group(group, dash):
     assert "the group has 2 workers" in dash.status.value, dash.status.value
     assert sorted(dash.rows) == [0, 1] and "rtnb-state-idle" in dash.rows[1].box._dom_classes
     assert group.run("train.get_context().get_world_size()", sink=CollectSink()).value == "2"
-    assert all(torch.equal(a, b) for a, b in zip(*[[p.detach() for p in m.parameters()]
-                                                    for m in group.pull("model", rank=None)]))
+    assert all(torch.equal(a, b) for a, b in zip(*rank_params(group)))
 
 
 def test_shutdown_button_stops_the_group_and_the_dashboard(group, dash):

@@ -6,11 +6,10 @@ run; magics that cannot run meanwhile are refused with a one-line message; ``%di
 """
 from __future__ import annotations
 
-import threading
-import time
 
 import pytest
 
+from ..waiting import wait_for
 from .nbkernel import START_TIMEOUT_S, strip_ansi, usage_error
 
 pytestmark = pytest.mark.notebook
@@ -38,9 +37,8 @@ def nb(kernel):
 
 
 def _wait_running(nb, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while nb.ok("_rt.active_group().state.value").value != "'running'":
-        assert time.monotonic() < deadline, "the background cell did not start"
+    wait_for(lambda: nb.ok("str(_rt.active_group().state)").value == "'running'", timeout,
+             "the background cell to start")
 
 
 def _stop_background(nb):
@@ -165,10 +163,8 @@ def test_a_click_queued_behind_a_busy_cell_is_dropped_and_a_later_one_acts(nb):
     assert "ignored a click on Checkpoint made while the kernel was busy" in status, status
     assert nb.ok("len(_rt.active_group().checkpoints())").value == before
     nb.kc.shell_channel.send(_click_message(nb, comm_id))  # the kernel is idle: it acts
-    deadline = time.monotonic() + 60
-    while "saved snapshot_" not in nb.ok("d.status.value").value:
-        assert time.monotonic() < deadline, "the click on an idle kernel did not act"
-        threading.Event().wait(0.1)
+    wait_for(lambda: "saved snapshot_" in nb.ok("d.status.value").value, 60, "the click on an idle kernel to act",
+             interval=0.1)
     assert nb.ok("len(_rt.active_group().checkpoints())").value == str(int(before) + 1)
 
 
