@@ -41,7 +41,7 @@ def _check_usable(group: Any) -> None:
 def _rank0_stack(group: Any) -> str:
     import ray
 
-    return ray.get(group._slots[0].actor.stack.remote(), timeout=5)
+    return ray.get(group.slots[0].actor.stack.remote(), timeout=5)
 
 
 def _failures(exc: Any) -> Dict[int, str]:

@@ -66,7 +66,7 @@ def main(out_path: str) -> None:
     cluster.connect()
     session_dir = ray._private.worker._global_node.get_session_dir_path()
     group = WorkerGroup(2)
-    worker_pids = [s.info["pid"] for s in group._slots]
+    worker_pids = [s.info["pid"] for s in group.slots]
     group.run("import torch\ntorch.set_num_threads(1)\nimported = 'torch' in __import__('sys').modules",
               sink=CollectSink())
     assert group.pull("imported", rank=None) == [True, True]
@@ -127,7 +127,7 @@ def main(out_path: str) -> None:
     total_after = sum(p["pss"] for pid, p in tree_after.items() if pid not in pids)
     print(f"  session tree after one DDP step (bench's bare actors excluded): {total_after / MB:.0f} MB PSS")
     actors = _alive_actors()
-    worker_ids = {s.actor._actor_id.hex() for s in group._slots}
+    worker_ids = {s.actor._actor_id.hex() for s in group.slots}
     helpers = [a for a in actors if a["id"] not in worker_ids and a["pid"] not in pids]
     w_samples: List[List[float]] = [[] for _ in worker_pids]
     b_samples: List[float] = []

@@ -84,7 +84,7 @@ def _group_pids(group: Any) -> Dict[int, str]:
     import ray
 
     session_dir = ray._private.worker._global_node.get_session_dir_path()
-    workers = {s.info.get("pid"): f"rank {i}" for i, s in enumerate(group._slots)}
+    workers = {s.info.get("pid"): f"rank {i}" for i, s in enumerate(group.slots)}
     roles = {os.getpid(): "driver"}
     for pid, name in ray_session_pids(os.getpid(), session_dir).items():
         roles[pid] = workers.get(pid) or ("other Ray processes" if name not in ("raylet", "gcs_server") else name)
@@ -112,7 +112,7 @@ def _worker_niceness(group: Any) -> int:
     import psutil
 
     try:
-        return psutil.Process(group._slots[0].info["pid"]).nice()
+        return psutil.Process(group.slots[0].info["pid"]).nice()
     except Exception:  # noqa: BLE001 - a remote worker: not visible from here
         return 0
 
