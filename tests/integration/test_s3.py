@@ -11,6 +11,8 @@ import pickle
 import signal
 import subprocess
 import sys
+import json
+import socket
 import textwrap
 import uuid
 
@@ -19,41 +21,17 @@ import pytest
 moto_server = pytest.importorskip("moto.server")
 s3fs = pytest.importorskip("s3fs")
 
-from raytrain_nb._internal.checkpoint import storage_check  # noqa: E402
+from raytrain_nb._internal.checkpoint import staging, storage_check  # noqa: E402
 from raytrain_nb._internal.checkpoint import storage
 from raytrain_nb._internal.checkpoint.checkpoint import Checkpoint  # noqa: E402
 from raytrain_nb._internal.checkpoint.manager import CheckpointManager  # noqa: E402
 from raytrain_nb._internal.checkpoint.metrics_log import append_metrics, read_metrics  # noqa: E402
 from raytrain_nb._internal.checkpoint.staging import (COMMIT_MARKER, WRITING_MARKER, atomic_dir,  # noqa: E402
-                                                      begin_dir, clean_staging, list_committed)
+                                                      begin_dir, clean_leftovers, clean_staging, list_committed,
+                                                      read_manifest)
 from raytrain_nb._internal.errors import CheckpointError  # noqa: E402
 
-BUCKET = "raytrain-nb-test"
-
-
-@pytest.fixture(scope="module")
-def endpoint():
-    """moto's S3 server on 127.0.0.1 (a free port), with fake credentials in the environment."""
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    url = f"http://{host}:{port}"
-    env = pytest.MonkeyPatch()
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": url,
-                       "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-                       "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}.items():
-        env.setenv(key, value)
-    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
-        env.delenv(key, raising=False)
-    s3fs.S3FileSystem.clear_instance_cache()
-    fs, _ = storage.resolve(f"s3://{BUCKET}")
-    fs.mkdir(BUCKET)
-    yield url
-    s3fs.S3FileSystem.clear_instance_cache()
-    env.undo()
-    server.stop()
+from .conftest import BUCKET  # noqa: E402
 
 
 @pytest.fixture
@@ -189,3 +167,114 @@ def test_explicit_filesystem_with_storage_options(endpoint, run):
     assert ckpt.filesystem.endpoint_url == endpoint
     with ckpt.as_directory() as d:
         assert os.listdir(d) == ["w"]
+
+
+# ---------------------------------------------------------------- no object in the bucket is trusted
+
+
+def put_object(endpoint, key, body):
+    """Write ``key`` with boto3 directly, exactly as spelled (s3fs would not keep '..' in a key)."""
+    import boto3  # the raw client: the only way to plant a literal '..' key
+
+    client = boto3.client("s3", endpoint_url=endpoint)
+    client.put_object(Bucket=BUCKET, Key=key, Body=body)
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=BUCKET, Prefix=key.split("/..")[0])["Contents"]]
+    assert key in keys, keys
+
+
+def tree(root):
+    return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
+
+
+def test_planted_objects_are_never_copied_out(endpoint, run, tmp_path, monkeypatch):
+    with atomic_dir(run, "ck") as staged:
+        with staged.open("model.pt") as f:
+            f.write(b"good")
+    key = staged.final_path.split("/", 1)[1]
+    put_object(endpoint, f"{key}/../../../../evil.txt", b"evil")
+    put_object(endpoint, f"{key}/extra.bin", b"planted")
+    dest = tmp_path / "out" / "a" / "b" / "c" / "dest"
+    assert Checkpoint(staged.final_url).to_directory(dest) == str(dest)
+    assert tree(tmp_path) == ["out/a/b/c/dest/model.pt"]
+    deep = tmp_path / "t1" / "t2" / "t3" / "tmp"
+    deep.mkdir(parents=True)
+    monkeypatch.setattr("tempfile.tempdir", str(deep))
+    with Checkpoint(staged.final_url).as_directory() as d:
+        assert sorted(os.listdir(d)) == ["model.pt"]
+    assert tree(tmp_path) == ["out/a/b/c/dest/model.pt"]
+    plain = f"{run.split('/', 3)[3]}/plain"  # no manifest: every listed file, so the name is refused
+    put_object(endpoint, f"{plain}/w.pt", b"w")
+    put_object(endpoint, f"{plain}/../../../../evil.txt", b"evil")
+    with pytest.raises(CheckpointError, match=r"^checkpoint s3://.*/plain lists the file '\.\./\.\./\.\./\.\./evil"
+                                              r"\.txt', which is absolute or leaves the checkpoint"):
+        Checkpoint(f"{run}/plain").to_directory(dest)
+    with pytest.raises(CheckpointError, match=r"lists the file '\.\./\.\./\.\./\.\./evil\.txt'"):
+        with Checkpoint(f"{run}/plain").as_directory():
+            pass
+    assert tree(tmp_path) == ["out/a/b/c/dest/model.pt"]
+
+
+def test_index_entries_outside_the_run_are_never_deleted(run, caplog):
+    fs, path = storage.resolve(run)
+    other = CheckpointManager(f"{run}-other")
+    with atomic_dir(f"{run}-other", "checkpoint_000001") as victim:
+        with victim.open("w") as f:
+            f.write(b"theirs")
+    other.register("checkpoint_000001", "reported", victim.final_url)
+    mgr = CheckpointManager(run, num_to_keep=1)
+    first = mgr.persist(other.get(0).checkpoint, "reported")
+    index = f"{path}/checkpoints.json"
+    data = json.loads(fs.cat_file(index))
+    outside = [f"../{run.rsplit('/', 1)[1]}-other/checkpoint_000001", victim.final_url, victim.final_path,
+               f"s3://another-bucket/{victim.final_path.split('/', 1)[1]}"]
+    data["checkpoints"] = [dict(data["checkpoints"][0], name=f"bad{i}", path=p) for i, p in enumerate(outside)] + \
+        data["checkpoints"]
+    fs.pipe_file(index, json.dumps(data).encode())
+    with caplog.at_level(logging.WARNING):
+        mgr = CheckpointManager.load(run)
+    assert [e.name for e in mgr.list()] == [first.name]
+    assert all(f"entry 'bad{i}'" in caplog.text for i in range(len(outside)))
+    for _ in range(2):
+        mgr.persist(other.get(0).checkpoint, "reported")
+    assert len(mgr.list()) == 1 and read_manifest(fs, victim.final_path) is not None
+    assert list_committed(f"{run}-other") == ["checkpoint_000001"]
+    assert [e["path"] for e in json.loads(fs.cat_file(index))["checkpoints"]] == [mgr.list()[0].name]
+
+
+def test_metrics_after_a_torn_line_on_s3(run, caplog):
+    append_metrics(run, {"step": 1})
+    fs, path = storage.resolve(f"{run}/metrics.jsonl")
+    fs.pipe_file(path, fs.cat_file(path) + b'{"step": 2, "lo')
+    append_metrics(run, {"step": 3})
+    with caplog.at_level(logging.WARNING):
+        assert read_metrics(run) == [{"step": 1}, {"step": 3}]
+    assert f"s3://{path} line 2 skipped" in caplog.text
+
+
+DEAD_WRITER = textwrap.dedent("""
+    import sys
+    from raytrain_nb._internal.checkpoint.staging import begin_dir
+    staged = begin_dir(sys.argv[1], "dead")
+    with staged.open("model.pt") as f:
+        f.write(b"half")
+""")
+
+
+def test_clean_leftovers_on_s3(run, monkeypatch):
+    with atomic_dir(run, "ck") as staged:
+        with staged.open("model.pt") as f:
+            f.write(b"good")
+    out = subprocess.run([sys.executable, "-c", DEAD_WRITER, run], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr  # exited without committing: its pid is gone
+    alive = begin_dir(run, "alive")
+    far = begin_dir(run, "far")
+    far.fs.pipe_file(f"{far.path}/{WRITING_MARKER}", json.dumps({"host": "elsewhere", "pid": 1}).encode())
+    fs, path = storage.resolve(run)
+    fs.pipe_file(f"{path}/user_dir/f", b"mine")  # no marker: never ours
+    assert clean_leftovers(run) == [f"{run}/dead"]
+    monkeypatch.setattr(staging, "LEFTOVER_AGE_S", 0.0)  # as if an hour went by
+    assert clean_leftovers(run) == [f"{run}/far"]
+    assert socket.gethostname() in fs.cat_file(f"{alive.path}/{WRITING_MARKER}").decode()
+    assert fs.exists(f"{path}/user_dir/f") and list_committed(run) == ["ck"]
+    fs.invalidate_cache()
+    assert sorted(p.rsplit("/", 1)[1] for p in fs.ls(path)) == ["alive", "ck", "user_dir"]

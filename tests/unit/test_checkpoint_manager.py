@@ -110,23 +110,31 @@ def test_register_errors(run_url, tmp_path):
         mgr.begin("reported", "mine")
     with pytest.raises(CheckpointError, match=r"^name='' is not allowed: pass a non-empty string$"):
         mgr.register("", "reported", "/x")
-    (tmp_path / "plain").mkdir()
-    with pytest.raises(CheckpointError, match=rf"^(file://)?{tmp_path}/plain is not a committed checkpoint: "
+    fs, run = storage.resolve(run_url)
+    fs.makedirs(storage.join(run, "plain"), exist_ok=True)
+    with pytest.raises(CheckpointError, match=rf"^{storage.to_url(fs, run)}/plain is not a committed checkpoint: "
                                               r"write it with begin\(\)/commit\(\) or persist\(\)$"):
-        mgr.register("plain", "reported", f"file://{tmp_path}/plain")
+        mgr.register("plain", "reported", storage.to_url(fs, storage.join(run, "plain")))
+    (tmp_path / "elsewhere").mkdir()
+    with pytest.raises(CheckpointError, match=rf"^checkpoint {tmp_path}/elsewhere is not a directory directly "
+                                              r"inside the run .*: copy it in with persist\(\), which registers "
+                                              r"the copy$"):
+        mgr.register("elsewhere", "reported", f"file://{tmp_path}/elsewhere")
     with pytest.raises(CheckpointError, match=r"^metrics\['bad'\] cannot be stored as JSON"):
         save(mgr, metrics={"bad": object()})
     assert names(mgr.list()) == ["mine"]
 
 
-def test_register_a_checkpoint_written_elsewhere(run_url, tmp_path):
+def test_a_checkpoint_written_elsewhere_is_copied_in(run_url, tmp_path):
     with atomic_dir(tmp_path / "elsewhere", "ck") as staged:
         with staged.open("w") as f:
             f.write(b"w")
     mgr = CheckpointManager(run_url)
-    entry = mgr.register("outside", "snapshot", f"file://{staged.final_path}", {"acc": 1})
+    with pytest.raises(CheckpointError, match=r"is not a directory directly inside the run .*persist\(\)"):
+        mgr.register("outside", "snapshot", f"file://{staged.final_path}", {"acc": 1})
+    entry = mgr.persist(f"file://{staged.final_path}", "snapshot", {"acc": 1}, name="outside")
     reloaded = CheckpointManager.load(run_url).get("outside")
-    assert reloaded.path == entry.path and entry.path.endswith(f"{tmp_path}/elsewhere/ck")
+    assert reloaded.path == entry.path == f"{mgr.run_dir}/outside"
     assert reloaded.checkpoint.get_metadata() == {} and reloaded.size_bytes == 1
 
 
@@ -315,10 +323,6 @@ def _index(run_url):
     (lambda text: text.replace('"format": 1', '"format": 7'), r"is not a format-1 index"),
     (lambda text: text.replace('"checkpoints": [', '"checkpoints": {"x": [').replace("]\n}", "]}\n}"),
      r"checkpoints.json has no checkpoint list \(edited by hand\?\): restore it"),
-    (lambda text: text.replace('"kind": "reported"', '"kind": "bogus"'),
-     r"checkpoints.json: entry 0 has kind='bogus', which is not valid \(edited by hand\?\): restore it"),
-    (lambda text: text.replace('"size_bytes": 7', '"size_bytes": -7'), r"entry 0 has size_bytes=-7"),
-    (lambda text: json.dumps({**json.loads(text), "checkpoints": [3]}), r"entry 0 is not an object"),
 ])
 def test_damaged_index_is_never_half_loaded(run_url, damage, message):
     mgr = CheckpointManager(run_url)
@@ -330,6 +334,24 @@ def test_damaged_index_is_never_half_loaded(run_url, damage, message):
         CheckpointManager.load(run_url)
     with pytest.raises(CheckpointError, match=message):
         CheckpointManager(run_url)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda text: text.replace('"kind": "reported"', '"kind": "bogus"'),
+     r"checkpoints.json: entry 'checkpoint_000001' has kind='bogus', which is not valid (edited by hand?): skipped"),
+    (lambda text: text.replace('"size_bytes": 7', '"size_bytes": -7'), r"entry 'checkpoint_000001' has size_bytes=-7"),
+    (lambda text: json.dumps({**json.loads(text), "checkpoints": [3]}), r"entry 0 is not an object"),
+    (lambda text: text.replace('"path": "checkpoint_000001"', '"path": "../x"'), r"has path='../x', which is not"),
+])
+def test_a_damaged_entry_is_skipped_with_a_warning(run_url, damage, message, caplog):
+    mgr = CheckpointManager(run_url)
+    save(mgr, metrics={"acc": 1})
+    fs, index = _index(run_url)
+    fs.pipe_file(index, damage(fs.cat_file(index).decode()).encode())
+    with caplog.at_level(logging.WARNING):
+        assert CheckpointManager.load(run_url).list() == []
+    assert message in caplog.text and "no file is deleted" in caplog.text
+    assert list_committed(run_url) == ["checkpoint_000001"]
 
 
 def test_damaged_settings_in_the_index(run_url):
@@ -400,11 +422,12 @@ def test_metrics_log_with_a_cut_last_line(run_url, caplog):
 
 
 @pytest.mark.parametrize("bad", [b'{"step": 2, "lo\n', b"[1, 2]\n"])
-def test_metrics_log_with_a_damaged_line(run_url, bad):
+def test_metrics_log_with_a_damaged_line(run_url, bad, caplog):
     append_metrics(run_url, {"step": 1})
     fs, run = storage.resolve(run_url)
     path = storage.join(run, METRICS_FILE)
     fs.pipe_file(path, fs.cat_file(path) + bad + b'{"step": 3}\n')
-    with pytest.raises(CheckpointError, match=rf"^metrics file {storage.to_url(fs, path)} line 2 is damaged \(.*\): "
-                                              r"fix or delete that line$"):
-        read_metrics(run_url)
+    with caplog.at_level(logging.WARNING):
+        assert read_metrics(run_url) == [{"step": 1}, {"step": 3}]
+    assert f"metrics file {storage.to_url(fs, path)} line 2 skipped: it is damaged (" in caplog.text
+    assert "fix or delete that line" in caplog.text

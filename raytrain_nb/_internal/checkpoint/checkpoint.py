@@ -24,7 +24,7 @@ from fsspec import AbstractFileSystem
 
 from ..errors import CheckpointError, describe
 from .staging import COMMIT_MARKER, METADATA_FILE, WRITING_MARKER, verify_dir
-from .storage import is_local, join, read_json, resolve, to_json, to_url, write_bytes_atomic
+from .storage import is_local, join, read_json, resolve, to_json, to_url, unsafe_relpath, write_bytes_atomic
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -67,6 +67,10 @@ class Checkpoint:
     def to_directory(self, path: Optional[PathLike] = None) -> str:
         """Copy the checkpoint's files into a local directory.
 
+        Only the files its commit manifest lists are copied (every file of a plain directory),
+        and only to places inside ``path``: storage may be shared, so a name that is absolute,
+        has ``..`` or resolves outside ``path`` (through a link there) is refused.
+
         Args:
             path: the local directory (created if needed); a new temporary one by default.
 
@@ -74,8 +78,8 @@ class Checkpoint:
             The local directory.
 
         Raises:
-            CheckpointError: the checkpoint is missing, interrupted mid-write, damaged, or the
-                copy failed.
+            CheckpointError: the checkpoint is missing, interrupted mid-write, damaged, lists a
+                file outside the destination, or the copy failed.
         """
         files = verify_dir(self.filesystem, self.path)
         made = path is None
@@ -85,8 +89,8 @@ class Checkpoint:
         if is_local(self.filesystem) and os.path.samefile(dest, self.path):
             return dest
         rels = [rel for rel in files if rel not in (COMMIT_MARKER, WRITING_MARKER)]
-        dsts = [os.path.join(dest, *rel.split("/")) for rel in rels]
         try:
+            dsts = [self._target(dest, rel) for rel in rels]
             for d in {os.path.dirname(d) for d in dsts}:
                 os.makedirs(d, exist_ok=True)
             if rels:
@@ -94,8 +98,22 @@ class Checkpoint:
         except Exception as exc:
             if made:
                 shutil.rmtree(dest, ignore_errors=True)
+            if isinstance(exc, CheckpointError):
+                raise
             raise CheckpointError(f"cannot copy checkpoint {self.url} to {dest}: {describe(exc)}") from exc
         return dest
+
+    def _target(self, dest: str, rel: str) -> str:
+        """The local path of the checkpoint file ``rel`` under ``dest``; refused unless inside ``dest``."""
+        if unsafe_relpath(rel):
+            raise CheckpointError(f"checkpoint {self.url} lists the file {rel!r}, which is absolute or leaves the "
+                                  "checkpoint ('..'): the checkpoint cannot be trusted; load another one")
+        target = os.path.join(dest, *rel.split("/"))
+        real, root = os.path.realpath(target), os.path.realpath(dest)
+        if not real.startswith(root.rstrip(os.sep) + os.sep):
+            raise CheckpointError(f"checkpoint {self.url}: the file {rel!r} would be written to {real}, outside "
+                                  f"the destination {dest}: remove the link in {dest} or pick an empty destination")
+        return target
 
     @contextlib.contextmanager
     def as_directory(self) -> Iterator[str]:

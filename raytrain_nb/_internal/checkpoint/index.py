@@ -8,13 +8,19 @@ from fsspec import AbstractFileSystem
 
 from ..errors import CheckpointError
 from .checkpoint import Checkpoint
-from .storage import join, resolve
+from .storage import is_dir_name, join, resolve
 
 INDEX_FILE = "checkpoints.json"
 KINDS = ("snapshot", "reported")
 SCORE_ORDERS = ("max", "min")
 FORMAT = 1
 STEP_KEYS = ("step", "training_iteration")
+#: What each field of an index entry must hold.
+_FIELDS = {"name": lambda v: isinstance(v, str) and v, "kind": lambda v: v in KINDS,
+           "path": lambda v: isinstance(v, str) and v, "metrics": lambda v: isinstance(v, dict),
+           "step": lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)),
+           "time": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+           "size_bytes": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0}
 
 
 @dataclasses.dataclass
@@ -44,6 +50,29 @@ class CheckpointEntry:
     def checkpoint(self) -> Checkpoint:
         """The :class:`Checkpoint` to load."""
         return Checkpoint(self.path, filesystem=self.filesystem)
+
+
+def entry_problem(raw: Any) -> Optional[str]:
+    """What is wrong with one raw entry of the index (read from storage), or None if it loads.
+
+    Its ``path`` must be the name of a directory directly inside the run: never absolute, with
+    ``..``, on another storage (``s3://other-bucket/...``) or nested.
+    """
+    if not isinstance(raw, dict):
+        return "is not an object"
+    for field, ok in _FIELDS.items():
+        if field not in raw or not ok(raw[field]):
+            return f"has {field}={raw.get(field)!r}, which is not valid"
+    if not is_dir_name(raw["path"]):
+        return (f"has path={raw['path']!r}, which is not a directory directly inside the run (absolute, "
+                "'..', another storage or nested)")
+    return None
+
+
+def entry_label(i: int, raw: Any) -> str:
+    """How a warning names raw entry ``i``: its name when it has one, else its position."""
+    name = raw.get("name") if isinstance(raw, dict) else None
+    return repr(name) if isinstance(name, str) and name else str(i)
 
 
 def check_kind(kind: Optional[str], allow_none: bool = True) -> None:

@@ -32,9 +32,11 @@ from fsspec import AbstractFileSystem
 
 from ..errors import CheckpointError, describe
 from .checkpoint import Checkpoint
-from .index import FORMAT, INDEX_FILE, KINDS, STEP_KEYS, CheckpointEntry, check_config, check_kind, list_runs, score_of
-from .staging import StagedDir, begin_dir, commit_dir, delete_dir, discard_dir, read_manifest
-from .storage import join, read_json, resolve, to_json, to_url, write_bytes_atomic
+from .index import (FORMAT, INDEX_FILE, STEP_KEYS, CheckpointEntry, check_config, check_kind, entry_label,
+                    entry_problem, list_runs, score_of)
+from .reported import report_index
+from .staging import COMMIT_MARKER, StagedDir, begin_dir, commit_dir, delete_dir, discard_dir, read_manifest
+from .storage import is_dir_name, is_local, join, read_json, resolve, to_json, to_url, write_bytes_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -116,26 +118,26 @@ class CheckpointManager:
         raw, next_id = data.get("checkpoints"), data.get("next_id")
         if not isinstance(raw, list) or isinstance(next_id, bool) or not isinstance(next_id, int):
             raise CheckpointError(f"{where} has no checkpoint list (edited by hand?): restore it")
-        return {"entries": [self._entry_from(i, e, where) for i, e in enumerate(raw)], "next_id": next_id}
+        entries: List[CheckpointEntry] = []
+        for i, item in enumerate(raw):
+            entry = self._entry_from(i, item, where, entries)
+            if entry is not None:
+                entries.append(entry)
+        return {"entries": entries, "next_id": next_id}
 
-    def _entry_from(self, i: int, raw: Any, where: str) -> CheckpointEntry:
-        checks = {"name": lambda v: isinstance(v, str) and v, "kind": lambda v: v in KINDS,
-                  "path": lambda v: isinstance(v, str) and v, "metrics": lambda v: isinstance(v, dict),
-                  "step": lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)),
-                  "time": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-                  "size_bytes": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0}
-        if not isinstance(raw, dict):
-            raise CheckpointError(f"{where}: entry {i} is not an object (edited by hand?): restore it")
-        for field, ok in checks.items():
-            if field not in raw or not ok(raw[field]):
-                raise CheckpointError(f"{where}: entry {i} has {field}={raw.get(field)!r}, which is not "
-                                      "valid (edited by hand?): restore it")
-        stored = raw["path"]
-        absolute = "://" in stored or stored.startswith("/")
-        fs, _, url = self._locate(stored if absolute else to_url(self._fs, join(self._run, stored)))
+    def _entry_from(self, i: int, raw: Any, where: str, earlier: List[CheckpointEntry]) -> Optional[CheckpointEntry]:
+        """The entry ``raw`` read from storage, or None (with a warning) when it cannot be trusted."""
+        problem = entry_problem(raw)
+        url = to_url(self._fs, join(self._run, raw["path"])) if problem is None else ""
+        if problem is None and any(e.name == raw["name"] or e.path == url for e in earlier):
+            problem = "repeats the name or directory of an earlier entry"
+        if problem is not None:
+            logger.warning("%s: entry %s %s (edited by hand?): skipped, and dropped from the index on its next "
+                           "write; no file is deleted", where, entry_label(i, raw), problem)
+            return None
         return CheckpointEntry(name=raw["name"], kind=raw["kind"], path=url, metrics=raw["metrics"],
                                step=raw["step"], time=float(raw["time"]), size_bytes=raw["size_bytes"],
-                               filesystem=fs)
+                               filesystem=self._fs)
 
     def _locate(self, path: Any) -> Tuple[AbstractFileSystem, str, str]:
         """``(fs, path, url)`` of a checkpoint: on the run's filesystem unless the URL names another."""
@@ -146,6 +148,13 @@ class CheckpointManager:
             return fs, where, fs.unstrip_protocol(where)
         fs, where = resolve(text, self._fs)
         return fs, where, to_url(fs, where)
+
+    def _inside(self, fs: AbstractFileSystem, path: str) -> bool:
+        """Whether ``path`` is a directory directly inside the run, on the run's filesystem (not a link)."""
+        parent, _, name = path.rstrip("/").rpartition("/")
+        if fs != self._fs or parent != self._run.rstrip("/") or not is_dir_name(name):
+            return False
+        return not (is_local(fs) and os.path.islink(path))
 
     def _write_index(self) -> None:
         inside = to_url(self._fs, self._run).rstrip("/") + "/"
@@ -240,6 +249,9 @@ class CheckpointManager:
             metrics = dict(metrics or {})
             to_json(metrics, "metrics", error=CheckpointError)
             fs, where, url = self._locate(path)
+            if not self._inside(fs, where):
+                raise CheckpointError(f"checkpoint {to_url(fs, where)} is not a directory directly inside the run "
+                                      f"{self.run_dir}: copy it in with persist(), which registers the copy")
             manifest = read_manifest(fs, where)
             if manifest is None:
                 raise CheckpointError(f"{to_url(fs, where)} is not a committed checkpoint: write it with "
@@ -278,9 +290,17 @@ class CheckpointManager:
         return [e for e in ranked[self.num_to_keep:] if e is not latest]
 
     def _remove_dir(self, entry: CheckpointEntry) -> None:
-        fs, path, _ = self._locate(entry.path)
+        """Delete an entry's directory, only if it is one of ours: directly inside the run, committed."""
+        fs, path, url = self._locate(entry.path)
         try:
-            delete_dir(fs, path)
+            if not self._inside(fs, path):
+                logger.warning("not deleting %s: it is not a directory directly inside the run %s; delete it by "
+                               "hand if it is yours", url, self.run_dir)
+            elif read_manifest(fs, path) is not None:
+                delete_dir(fs, path)
+            elif fs.exists(path):
+                logger.warning("not deleting %s: it has no commit manifest (%s), so it may not be ours; delete it "
+                               "by hand if it is", url, COMMIT_MARKER)
         except FileNotFoundError:
             pass
         except Exception as exc:
@@ -311,9 +331,18 @@ class CheckpointManager:
         return [e for e in self._entries if kind is None or e.kind == kind]
 
     def latest(self, kind: Optional[str] = None) -> Optional[CheckpointEntry]:
-        """The newest checkpoint (of ``kind``), or None."""
+        """The newest checkpoint (of ``kind``), or None.
+
+        Reported checkpoints are newest by report index (``checkpoint_000012`` is newer than
+        ``checkpoint_000009`` whenever each was committed: a leftover of a crash may be committed
+        late); snapshots, and the newest of either kind, by when they were registered.
+        """
         entries = self.list(kind)
-        return entries[-1] if entries else None
+        if not entries:
+            return None
+        if kind == "reported":
+            return max(enumerate(entries), key=lambda ie: (report_index(ie[1].name) or -1, ie[0]))[1]
+        return entries[-1]
 
     def best(self, n: int = 1) -> List[CheckpointEntry]:
         """The ``n`` best reported checkpoints, best first (by recency without a score)."""

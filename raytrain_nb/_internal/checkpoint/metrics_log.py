@@ -14,6 +14,8 @@ import json
 import logging
 from typing import Any, Dict, List, Optional, Union
 
+from fsspec import AbstractFileSystem
+
 from ..errors import CheckpointError
 from .storage import join, resolve, to_json, to_url
 
@@ -26,6 +28,9 @@ def append_metrics(run_dir_url: Any, record: Union[Dict[str, Any], List[Dict[str
                    filesystem: Optional[Any] = None) -> None:
     """Append one JSON line per record (a dict, or a list of them) to the run's ``metrics.jsonl``.
 
+    After a last line that a crash cut short (no newline at its end), the records start on a
+    new line, so they are never glued onto the torn one.
+
     Raises:
         CheckpointError: a record is not a dict or holds a value JSON cannot store.
     """
@@ -36,17 +41,29 @@ def append_metrics(run_dir_url: Any, record: Union[Dict[str, Any], List[Dict[str
     line = "".join(to_json(rec, "metrics", error=CheckpointError) + "\n" for rec in records)
     fs, run = resolve(run_dir_url, filesystem)
     fs.makedirs(run, exist_ok=True)
-    with fs.open(join(run, METRICS_FILE), "ab") as f:
+    path = join(run, METRICS_FILE)
+    if _ends_torn(fs, path):
+        logger.warning("%s ends in a line cut short: appending on a new line", to_url(fs, path))
+        line = "\n" + line
+    with fs.open(path, "ab") as f:
         f.write(line.encode("utf-8"))
 
 
+def _ends_torn(fs: AbstractFileSystem, path: str) -> bool:
+    """Whether the file ``path`` exists, is not empty and does not end in a newline."""
+    fs.invalidate_cache(path)
+    try:
+        size = fs.size(path)
+        return bool(size) and fs.cat_file(path, start=size - 1, end=size) != b"\n"
+    except FileNotFoundError:
+        return False
+
+
 def read_metrics(run_dir_url: Any, filesystem: Optional[Any] = None) -> List[Dict[str, Any]]:
-    """Every record of the run's ``metrics.jsonl`` ([] if none).
+    """Every good record of the run's ``metrics.jsonl`` ([] if none).
 
-    A last line cut short by a crash is skipped with a warning.
-
-    Raises:
-        CheckpointError: a damaged line before the last, naming the file and line number.
+    A damaged line (cut short by a crash, edited, or not a JSON object) is skipped with a
+    warning naming the file and the line number, wherever it is: the other records still load.
     """
     fs, run = resolve(run_dir_url, filesystem)
     path = join(run, METRICS_FILE)
@@ -65,10 +82,9 @@ def read_metrics(run_dir_url: Any, filesystem: Optional[Any] = None) -> List[Dic
             if not isinstance(record, dict):
                 raise ValueError(f"a {type(record).__name__}, not an object")
         except ValueError as exc:
-            if number == len(lines):  # no newline after it: the write was cut short
-                logger.warning("skipping the last line of %s: it was cut short", to_url(fs, path))
-                break
-            raise CheckpointError(f"metrics file {to_url(fs, path)} line {number} is damaged ({exc}): "
-                                  "fix or delete that line") from exc
+            why = "it was cut short" if number == len(lines) else f"it is damaged ({exc})"
+            logger.warning("metrics file %s line %d skipped: %s; fix or delete that line", to_url(fs, path),
+                           number, why)
+            continue
         records.append(record)
     return records

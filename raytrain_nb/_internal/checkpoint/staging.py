@@ -23,22 +23,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import json
 import logging
 import os
-import re
 import shutil
 import socket
 import time
 import uuid
-from typing import IO, Any, Dict, Iterator, List, Optional
+from typing import IO, Any, Dict, Iterator, List, Optional, Tuple
 
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
 from ..errors import CheckpointError, describe
-from .storage import is_local, join, read_json, resolve, to_url, write_bytes_atomic
+from .storage import (fsync_dir, is_dir_name, is_local, join, newest_mtime, read_json, resolve, to_url, unsafe_relpath,
+                      write_bytes_atomic)
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +47,9 @@ COMMIT_MARKER = ".committed"
 METADATA_FILE = ".metadata.json"
 #: Files a committed manifest does not cover (markers; metadata may change after commit).
 _UNTRACKED = (WRITING_MARKER, COMMIT_MARKER, METADATA_FILE)
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.=+-]{0,199}$")
+#: How old (newest file, seconds) an interrupted write of another host must be before it is removed.
+LEFTOVER_AGE_S = 3600.0
+_TOMBSTONE = "deleting-"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +95,7 @@ class StagedDir:
 
 
 def _check_name(name: Any) -> None:
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not is_dir_name(name):
         raise CheckpointError(f"checkpoint name {name!r} is not allowed: use letters, digits and "
                               "_ . = + -, not starting with '.' (at most 200 characters)")
 
@@ -142,7 +143,7 @@ def commit_dir(staged: StagedDir) -> Dict[str, Any]:
             write_bytes_atomic(fs, join(staged.path, COMMIT_MARKER), data)
             os.unlink(join(staged.path, WRITING_MARKER))
             os.rename(staged.path, staged.final_path)  # the commit
-            _fsync_dir(os.path.dirname(staged.final_path))
+            fsync_dir(os.path.dirname(staged.final_path))
         else:
             fs.pipe_file(join(staged.path, COMMIT_MARKER), data)  # the commit
             with contextlib.suppress(Exception):
@@ -152,15 +153,6 @@ def commit_dir(staged: StagedDir) -> Dict[str, Any]:
     fs.invalidate_cache(staged.final_path)
     logger.debug("committed %s (%d files, %d bytes)", staged.final_url, len(files), manifest["size_bytes"])
     return manifest
-
-
-def _fsync_dir(path: str) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def discard_dir(staged: StagedDir) -> None:
@@ -227,13 +219,16 @@ def read_manifest(fs: AbstractFileSystem, path: str) -> Optional[Dict[str, Any]]
 
 
 def verify_dir(fs: AbstractFileSystem, path: str) -> Dict[str, int]:
-    """Check a directory before loading it; returns ``{relative path: size}`` of its files.
+    """Check a directory before loading it; returns ``{relative path: size}`` of the files to load.
 
-    A committed directory must still hold every file of its manifest, at the committed size.
+    A committed directory must still hold every file of its manifest, at the committed size;
+    only those files (and ``.metadata.json``) are returned: anything else beside them was not
+    committed and is never loaded. A plain directory (no manifest, no ``.writing``) returns
+    every file. Names are checked either way: storage may be shared with others.
 
     Raises:
-        CheckpointError: the directory is missing, was interrupted mid-write, or a file is
-            missing or has changed size (naming the file).
+        CheckpointError: the directory is missing or was interrupted mid-write, a file is
+            missing or has changed size, or a name is absolute or has ``..`` (naming the file).
     """
     url = to_url(fs, path)
     fs.invalidate_cache(path)
@@ -245,7 +240,9 @@ def verify_dir(fs: AbstractFileSystem, path: str) -> Dict[str, int]:
         if WRITING_MARKER in files:
             raise CheckpointError(f"checkpoint {url} was interrupted mid-write (it has no "
                                   f"{COMMIT_MARKER} marker): load an earlier checkpoint")
+        _check_names(url, files)
         return files
+    _check_names(url, manifest["files"])
     for rel, size in manifest["files"].items():
         got = files.get(rel)
         if got is None:
@@ -254,7 +251,22 @@ def verify_dir(fs: AbstractFileSystem, path: str) -> Dict[str, int]:
         if got != size:
             raise CheckpointError(f"checkpoint file {join(url, rel)} has {got} bytes but had {size} "
                                   "when committed (truncated or edited?): load another checkpoint")
-    return files
+    extra = sorted(set(files) - set(manifest["files"]) - set(_UNTRACKED))
+    if extra:
+        logger.debug("checkpoint %s holds files its manifest does not list (never loaded): %s", url,
+                     ", ".join(repr(e) for e in extra[:10]))
+    kept = dict(manifest["files"])
+    if METADATA_FILE in files:
+        kept[METADATA_FILE] = files[METADATA_FILE]
+    return kept
+
+
+def _check_names(url: str, rels: Any) -> None:
+    """Refuse a checkpoint listing a file name that is absolute or has ``..`` (storage is shared)."""
+    for rel in rels:
+        if unsafe_relpath(rel):
+            raise CheckpointError(f"checkpoint {url} lists the file {rel!r}, which is absolute or leaves the "
+                                  "checkpoint ('..'): the checkpoint cannot be trusted; load another one")
 
 
 def list_committed(parent_url: Any, filesystem: Optional[Any] = None) -> List[str]:
@@ -274,7 +286,7 @@ def delete_dir(fs: AbstractFileSystem, path: str) -> None:
     fs.invalidate_cache(path)
     if is_local(fs):
         parent, name = os.path.split(path)
-        tomb = join(parent, STAGING_DIR, f"deleting-{name}-{uuid.uuid4().hex[:8]}")
+        tomb = join(parent, STAGING_DIR, f"{_TOMBSTONE}{name}-{uuid.uuid4().hex[:8]}")
         os.makedirs(os.path.dirname(tomb), exist_ok=True)
         os.rename(path, tomb)  # one step: gone from listings
         shutil.rmtree(tomb, ignore_errors=True)
@@ -285,19 +297,9 @@ def delete_dir(fs: AbstractFileSystem, path: str) -> None:
     fs.rm(path, recursive=True)
 
 
-def _newest(fs: AbstractFileSystem, path: str) -> float:
-    newest = 0.0
-    for info in fs.find(path, detail=True).values():
-        stamp = info.get("mtime") or info.get("LastModified") or info.get("created") or 0.0
-        if isinstance(stamp, datetime.datetime):
-            stamp = stamp.timestamp()
-        newest = max(newest, float(stamp))
-    return newest
-
-
 def clean_staging(parent_url: Any, filesystem: Optional[Any] = None, *,
                   older_than_s: float = 0.0) -> List[str]:
-    """Remove directories under ``parent_url`` left by interrupted writes.
+    """Remove directories under ``parent_url`` left by interrupted writes, whoever wrote them.
 
     Args:
         parent_url: the run directory.
@@ -309,25 +311,85 @@ def clean_staging(parent_url: Any, filesystem: Optional[Any] = None, *,
         The URLs removed.
     """
     fs, parent = resolve(parent_url, filesystem)
-    now = time.time()
     fs.invalidate_cache(parent)
+    now = time.time()
+    return _remove(fs, [(p, "left by an interrupted write") for p in _staged_dirs(fs, parent)
+                        if older_than_s <= 0 or now - newest_mtime(fs, p) >= older_than_s])
+
+
+def clean_leftovers(run_url: Any, filesystem: Optional[Any] = None) -> List[str]:
+    """Remove what interrupted writes and deletes left in a run directory; never anything else.
+
+    Removed: local ``.staging/deleting-*`` tombstones; staged writes whose ``.writing`` marker
+    names this host and a process that is gone; other staged writes (another host, or a marker
+    that cannot be read) once their newest file is :data:`LEFTOVER_AGE_S` old. On an object
+    store a staged write is ``<run>/<name>/`` with ``.writing`` and no ``.committed``.
+
+    Returns:
+        The URLs removed (each is logged).
+    """
+    fs, run = resolve(run_url, filesystem)
+    fs.invalidate_cache(run)
+    found = []
+    for path in _staged_dirs(fs, run):
+        tomb = is_local(fs) and path.rsplit("/", 1)[-1].startswith(_TOMBSTONE)
+        why = "a delete that was interrupted" if tomb and not fs.exists(join(path, WRITING_MARKER)) \
+            else _abandoned(fs, path)
+        if why:
+            found.append((path, why))
+    return _remove(fs, found)
+
+
+def _staged_dirs(fs: AbstractFileSystem, run: str) -> List[str]:
+    """Directories of unfinished writes: in ``.staging/`` locally, else beside committed ones."""
+    parent = join(run, STAGING_DIR) if is_local(fs) else run
+    try:
+        dirs = [e["name"].rstrip("/") for e in fs.ls(parent, detail=True) if e.get("type") == "directory"]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    dirs = [d for d in dirs if not d.rsplit("/", 1)[-1].startswith(".")]
     if is_local(fs):
-        staging = join(parent, STAGING_DIR)
-        candidates = fs.ls(staging, detail=False) if fs.isdir(staging) else []
-    else:
-        try:
-            entries = fs.ls(parent, detail=True)
-        except FileNotFoundError:
-            entries = []
-        candidates = [e["name"].rstrip("/") for e in entries if e.get("type") == "directory"
-                      and not e["name"].rstrip("/").rsplit("/", 1)[-1].startswith(".")]
-        candidates = [c for c in candidates if not fs.exists(join(c, COMMIT_MARKER))
-                      and fs.exists(join(c, WRITING_MARKER))]
+        return [d for d in dirs if not os.path.islink(d)]
+    return [d for d in dirs if fs.exists(join(d, WRITING_MARKER)) and not fs.exists(join(d, COMMIT_MARKER))]
+
+
+def _abandoned(fs: AbstractFileSystem, path: str) -> Optional[str]:
+    """Why the staged write at ``path`` is abandoned, or None while its writer may still be at it."""
+    try:
+        info = json.loads(fs.cat_file(join(path, WRITING_MARKER)).decode("utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        info = None
+    pid = info.get("pid") if isinstance(info, dict) else None
+    if isinstance(info, dict) and info.get("host") == socket.gethostname() and type(pid) is int and pid > 0:
+        return None if _alive(pid) else f"an interrupted write: its writer (pid {pid} on this host) is gone"
+    if time.time() - newest_mtime(fs, path) >= LEFTOVER_AGE_S:
+        return f"an interrupted write of another host (or unreadable marker), untouched for {LEFTOVER_AGE_S:.0f}s"
+    return None
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host still exists."""
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists, owned by someone else
+        return True
+    return True
+
+
+def _remove(fs: AbstractFileSystem, found: List[Tuple[str, str]]) -> List[str]:
+    """Remove each ``(path, why)``; returns the URLs removed (a failure is logged, not raised)."""
     removed = []
-    for path in candidates:
-        if older_than_s > 0 and now - _newest(fs, path) < older_than_s:
+    for path, why in found:
+        url = to_url(fs, path)
+        try:
+            fs.rm(path, recursive=True)
+        except FileNotFoundError:
             continue
-        fs.rm(path, recursive=True)
-        removed.append(to_url(fs, path))
-        logger.info("removed %s, left by an interrupted write", to_url(fs, path))
+        except Exception as exc:  # one stuck leftover does not stop the others
+            logger.warning("could not remove %s (%s): %s; remove it by hand", url, why, describe(exc))
+            continue
+        removed.append(url)
+        logger.info("removed %s: %s", url, why)
     return removed

@@ -13,8 +13,10 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
+import re
 import uuid
 from typing import Any, Optional, Tuple, Type
 
@@ -23,12 +25,16 @@ from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.registry import known_implementations
 
-from ..errors import StorageError, describe
+from ..errors import CheckpointError, StorageError, describe
 
 STORAGE_PATH_ENV = "RAYTRAIN_NB_STORAGE_PATH"
 DEFAULT_STORAGE_PATH = "~/raytrain_nb_results"
 #: Protocols whose files live inside one process: fine for a Checkpoint, not for a group.
 PER_PROCESS_PROTOCOLS = ("memory",)
+#: The characters of a run's name (a directory name in shared storage).
+_RUN_NAME = re.compile(r"^[A-Za-z0-9_.=+-]{1,200}$")
+#: A checkpoint directory's name inside a run.
+_DIR_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.=+-]{0,199}$")
 
 # ---------------------------------------------------------------- resolving paths
 
@@ -126,6 +132,61 @@ def join(path: str, *parts: str) -> str:
     return "/".join([path.rstrip("/"), *(p.strip("/") for p in parts)])
 
 
+def unsafe_relpath(rel: Any) -> bool:
+    """Whether the relative path ``rel`` (from storage) is empty, absolute or has a ``..`` component."""
+    if not isinstance(rel, str) or not rel or "\0" in rel or rel.startswith(("/", "\\")) or os.path.isabs(rel):
+        return True
+    return any(part == ".." for part in re.split(r"[/\\]", rel))
+
+
+def is_dir_name(name: Any) -> bool:
+    """Whether ``name`` may name a checkpoint directory: one plain, visible path component."""
+    return isinstance(name, str) and bool(_DIR_NAME.match(name)) and not unsafe_relpath(name)
+
+
+def check_run_name(name: Any) -> None:
+    """Refuse a run name that is not one plain directory name.
+
+    Raises:
+        CheckpointError: the name is not a string, empty, longer than 200 characters, starts
+            with ``.``, has a ``/``, ``\\`` or ``..`` or any character but letters, digits and
+            ``_ . = + -``.
+
+    Example::
+
+        check_run_name("my-run")    # fine
+        check_run_name("../x")      # CheckpointError
+    """
+    example = "e.g. --name my-run"
+    if not isinstance(name, str):
+        raise CheckpointError(f"run name {name!r} is not a string: pass a name such as --name my-run")
+    if not name:
+        raise CheckpointError("run name '' is empty: pass a name such as --name my-run")
+    if len(name) > 200:
+        raise CheckpointError(f"run name {name[:20]!r}... is {len(name)} characters long: use at most 200, {example}")
+    if not _RUN_NAME.match(name) or name.startswith(".") or unsafe_relpath(name):
+        raise CheckpointError(f"run name {name!r} is not allowed: use letters, digits and _ . = + - (no '/' or "
+                              f"'..', not starting with '.'), {example}")
+
+
+def newest_mtime(fs: AbstractFileSystem, path: str) -> float:
+    """When the newest file under ``path`` was last modified (seconds since the epoch).
+
+    An empty directory counts by its own time where the filesystem keeps one (else 0).
+    """
+    infos = list(fs.find(path, detail=True).values())
+    if not infos:
+        with contextlib.suppress(OSError):
+            infos = [fs.info(path)]
+    newest = 0.0
+    for info in infos:
+        stamp = info.get("mtime") or info.get("LastModified") or info.get("created") or 0.0
+        if isinstance(stamp, datetime.datetime):
+            stamp = stamp.timestamp()
+        newest = max(newest, float(stamp))
+    return newest
+
+
 def default_storage_path() -> str:
     """``$RAYTRAIN_NB_STORAGE_PATH`` if set, else ``~/raytrain_nb_results`` (expanded)."""
     value = os.environ.get(STORAGE_PATH_ENV, "").strip()
@@ -196,6 +257,16 @@ def write_bytes_atomic(fs: AbstractFileSystem, path: str, data: bytes) -> None:
                 os.unlink(tmp)
     else:
         fs.pipe_file(path, data)  # one PUT: object stores replace an object atomically
+
+
+def fsync_dir(path: str) -> None:
+    """Flush a local directory's entries (a rename in it) to disk; best effort."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def to_json(value: Any, what: str, error: Type[Exception] = StorageError, indent: Optional[int] = None) -> str:

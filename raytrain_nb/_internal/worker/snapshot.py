@@ -3,9 +3,9 @@
 Tracked = every ``torch.nn.Module`` (a DDP wrapper counts as its module),
 optimizer, LR scheduler and ``GradScaler`` bound to a name in the namespace,
 plus the torch/numpy/python RNG states (as tensors, so they load with
-``weights_only=True``), plus the plain variables the user names. Rollback
-loads the values into the same objects, so references the user holds stay
-valid.
+``weights_only=True``), plus the plain variables the user names (kept apart:
+only they may need unpickling). Rollback loads the values into the same
+objects, so references the user holds stay valid.
 """
 from __future__ import annotations
 
@@ -130,12 +130,13 @@ def _to_cpu(obj: Any, copy: bool = True) -> Any:
 
 
 def capture(namespace: Dict[str, Any], var_names: Sequence[str] = (),
-            copy: bool = True) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    """The tracked state now: ``(replicated, own)``; ``copy=False`` when it is written before user code runs again.
+            copy: bool = True) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any]]:
+    """The tracked state now: ``(replicated, own, variables)``.
 
-    ``replicated`` (modules, optimizers, schedulers, scalers, named variables)
-    is the same on every rank and written by rank 0; ``own`` (RNG states) is
-    this rank's.
+    Pass ``copy=False`` when it is written before user code runs again. ``replicated``
+    (modules, optimizers, schedulers, scalers) is the same on every rank and written by rank 0;
+    ``own`` (RNG states) is this rank's; ``variables`` are the plain variables named by
+    ``var_names``, written apart (rank 0) because only they may need unpickling to load.
 
     Raises:
         SnapshotError: a named variable does not exist.
@@ -149,9 +150,8 @@ def capture(namespace: Dict[str, Any], var_names: Sequence[str] = (),
         "optimizers": {n: _to_cpu(o.state_dict(), copy) for n, o in tracked.optimizers.items()},
         "schedulers": {n: _to_cpu(s.state_dict(), copy) for n, s in tracked.schedulers.items()},
         "scalers": {n: _to_cpu(s.state_dict(), copy) for n, s in tracked.scalers.items()},
-        "vars": {n: _to_cpu(namespace[n], copy) for n in var_names},
     }
-    return replicated, {"rng": rng_state()}
+    return replicated, {"rng": rng_state()}, {n: _to_cpu(namespace[n], copy) for n in var_names}
 
 
 def fingerprint(namespace: Dict[str, Any]) -> Dict[str, str]:
@@ -173,8 +173,12 @@ def changed_since(namespace: Dict[str, Any], before: Dict[str, str], restored: S
     return sorted(n for n in names if before.get(n) != now.get(n) and n not in ("In", "Out"))
 
 
-def restore(namespace: Dict[str, Any], replicated: Dict[str, Any], own: Optional[Dict[str, Any]]) -> List[str]:
+def restore(namespace: Dict[str, Any], replicated: Dict[str, Any], own: Optional[Dict[str, Any]],
+            variables: Optional[Dict[str, Any]] = None) -> List[str]:
     """Load saved state into the same objects in ``namespace``; return the names restored.
+
+    ``variables`` are the plain variables to bind again; None takes them from
+    ``replicated["vars"]``, where snapshots written before ``vars.pt`` kept them.
 
     Raises:
         SnapshotError: a saved object is no longer in the namespace (or changed type/shape);
@@ -203,7 +207,7 @@ def restore(namespace: Dict[str, Any], replicated: Dict[str, Any], own: Optional
             for name, state in replicated.get(kind, {}).items():
                 live[name].load_state_dict(state)
                 restored.append(name)
-    for name, value in replicated.get("vars", {}).items():
+    for name, value in (replicated.get("vars", {}) if variables is None else variables).items():
         namespace[name] = value
         restored.append(name)
     if own and "rng" in own:
@@ -219,26 +223,33 @@ def dumps(state: Dict[str, Any]) -> bytes:
     return buf.getvalue()
 
 
-def loads(data: Any, what: str, allow_pickle: bool = False) -> Dict[str, Any]:
-    """Load a saved state (bytes, or a local file path, memory-mapped) with ``weights_only=True``
-    (plain variables may need ``allow_pickle``).
+def loads(data: Any, what: str, allow_pickle: bool = False, *, may_pickle: bool = True) -> Dict[str, Any]:
+    """Load a saved state (bytes, or a local file path, memory-mapped) with ``weights_only=True``.
+
+    Args:
+        data: the file's bytes, or a local path.
+        what: the file, as errors name it.
+        allow_pickle: load with ``weights_only=False`` (only where ``may_pickle``).
+        may_pickle: whether ``allow_pickle`` may apply to this file at all: only the plain
+            variables' file; weights and RNG states never unpickle code.
 
     Raises:
         SnapshotError: the file is truncated, edited or needs unpickling that was not allowed.
     """
     import torch  # torch: loaded on first use, not on import raytrain_nb
 
+    allow_pickle = allow_pickle and may_pickle
     try:
         if isinstance(data, str):
             return torch.load(data, weights_only=not allow_pickle, map_location="cpu", mmap=True)
         return torch.load(io.BytesIO(data), weights_only=not allow_pickle, map_location="cpu")
     except pickle.UnpicklingError as exc:
+        first = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
         if allow_pickle:
-            raise SnapshotError(f"{what} is damaged: {str(exc).splitlines()[0]}") from None
-        raise SnapshotError(
-            f"{what} holds objects that only load by unpickling code ({str(exc).splitlines()[0][:120]}); "
-            "roll back with allow_pickle=True if you trust this storage"
-        ) from None
+            raise SnapshotError(f"{what} is damaged: {first}") from None
+        fix = ("roll back with allow_pickle=True if you trust this storage" if may_pickle else
+               "allow_pickle applies only to vars.pt, so this file never loads: take a new snapshot")
+        raise SnapshotError(f"{what} holds objects that only load by unpickling code ({first}); {fix}") from None
     except (RuntimeError, EOFError, ValueError, OSError) as exc:
         raise SnapshotError(f"{what} is truncated or damaged ({type(exc).__name__}: "
                             f"{str(exc).splitlines()[0][:160]}); nothing was loaded") from None

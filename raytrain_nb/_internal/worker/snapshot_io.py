@@ -2,9 +2,14 @@
 
 Snapshot layout (one committed directory)::
 
-    replicated.pt      models, optimizers, schedulers, grad scalers, --vars (written by rank 0)
+    replicated.pt      models, optimizers, schedulers, grad scalers (written by rank 0)
+    vars.pt            the plain variables of --vars (rank 0)
     rank-<r>.pt        RNG states of rank r (written by each rank)
     snapshot.json      world size, variable names, fingerprints of plain variables (rank 0)
+
+Storage may be shared, so ``replicated.pt`` and ``rank-<r>.pt`` always load with
+``weights_only=True``; ``--allow-pickle`` loosens only ``vars.pt``. Snapshots written before
+``vars.pt`` kept the variables in ``replicated.pt``: they load when those are weights-only safe.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from .snapshot import capture, changed_since, fingerprint, loads, restore
 logger = logging.getLogger(__name__)
 
 REPLICATED = "replicated.pt"
+VARS = "vars.pt"
 META = "snapshot.json"
 
 
@@ -30,10 +36,11 @@ def rank_file(rank: int) -> str:
 def take(namespace: Dict[str, Any], rank: int, world_size: int, var_names: Sequence[str],
          copy: bool = True) -> Dict[str, Any]:
     """The tracked state now; with ``copy``, CPU copies to write later (even while training goes on)."""
-    replicated, own = capture(namespace, var_names, copy=copy)
+    replicated, own, variables = capture(namespace, var_names, copy=copy)
     own["fingerprint"] = fingerprint(namespace)  # this rank's, to tell what changed at rollback
     return {"rank": rank, "world_size": world_size, "replicated": replicated if rank == 0 else None,
-            "own": own, "vars": list(var_names), "fingerprint": fingerprint(namespace)}
+            "variables": variables if rank == 0 else None, "own": own, "vars": list(var_names),
+            "fingerprint": fingerprint(namespace)}
 
 
 def write(taken: Dict[str, Any], staged: StagedDir) -> None:
@@ -41,6 +48,7 @@ def write(taken: Dict[str, Any], staged: StagedDir) -> None:
     rank = taken["rank"]
     if taken["replicated"] is not None:
         _save(taken["replicated"], staged, REPLICATED)
+        _save(taken["variables"], staged, VARS)
         meta = {"world_size": taken["world_size"], "vars": taken["vars"], "fingerprint": taken["fingerprint"]}
         with staged.open(META) as fh:
             fh.write(json.dumps(meta).encode())
@@ -66,6 +74,12 @@ def _read(fs: Any, path: str) -> Any:
 def load(namespace: Dict[str, Any], url: str, rank: int, allow_pickle: bool = False) -> Dict[str, Any]:
     """Roll this rank's namespace back to the snapshot at ``url``, in place.
 
+    Args:
+        namespace: the rank's namespace.
+        url: the committed snapshot directory.
+        rank: this rank (which ``rank-<r>.pt`` to load).
+        allow_pickle: let ``vars.pt`` (only) unpickle code; weights and RNG states never do.
+
     Returns:
         ``{"restored": [...names], "changed": [...plain variables changed since, not restored]}``.
 
@@ -73,12 +87,15 @@ def load(namespace: Dict[str, Any], url: str, rank: int, allow_pickle: bool = Fa
         CheckpointError / SnapshotError: a missing, truncated or edited file (named); nothing loaded.
     """
     fs, path = resolve(url)
-    verify_dir(fs, path)  # every file present with its committed size
+    files = verify_dir(fs, path)  # every file present with its committed size; only those are read
     meta = json.loads(fs.cat_file(join(path, META)).decode())
-    replicated = loads(_read(fs, join(path, REPLICATED)), f"{url}/{REPLICATED}", allow_pickle)
+    replicated = loads(_read(fs, join(path, REPLICATED)), f"{url}/{REPLICATED}", may_pickle=False)
     own: Optional[Dict[str, Any]] = None
-    if fs.exists(join(path, rank_file(rank))):
-        own = loads(_read(fs, join(path, rank_file(rank))), f"{url}/{rank_file(rank)}", allow_pickle)
-    restored = restore(namespace, replicated, own)
+    if rank_file(rank) in files:
+        own = loads(_read(fs, join(path, rank_file(rank))), f"{url}/{rank_file(rank)}", may_pickle=False)
+    variables = None  # older snapshots: in replicated.pt, loaded weights-only above
+    if VARS in files:
+        variables = loads(_read(fs, join(path, VARS)), f"{url}/{VARS}", allow_pickle)
+    restored = restore(namespace, replicated, own, variables)
     before = (own or {}).get("fingerprint") or meta.get("fingerprint", {})
     return {"restored": restored, "changed": changed_since(namespace, before, restored)}
