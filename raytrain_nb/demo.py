@@ -80,8 +80,8 @@ def _client_class() -> Any:
 def run_notebook(path: pathlib.Path, output: pathlib.Path, timeout: float) -> int:
     """Execute ``path`` in a ``python3`` kernel whose cwd is the notebook's folder; write ``output``."""
     import nbformat  # nbformat: optional or heavy, loaded on first use
-    from nbclient.exceptions import (CellExecutionError,  # nbclient: optional or heavy, loaded on first use
-                                     CellTimeoutError, DeadKernelError)
+    # nbclient: a dev dependency, loaded only when a notebook runs
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
     nb = nbformat.read(path, as_version=4)
     progress = _Progress(nb.cells)

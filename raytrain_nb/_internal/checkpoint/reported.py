@@ -1,18 +1,45 @@
 """Reported checkpoints in storage: every rank uploads into one staged directory, marking its
 upload started and done, so a crash never commits half of one.
 
-``report(metrics, checkpoint=...)`` on a worker calls :func:`upload`; the driver reads
-:func:`upload_state` to decide what to commit.
+``report(metrics, checkpoint=...)`` on a worker calls :func:`upload`. The driver commits a
+checkpoint only once every rank of the world reported it (with files or without); it first
+writes a ``complete`` marker (:func:`mark_complete`), so that after a crash between that and the
+commit, :func:`complete_info` still says every rank reported. A set without that evidence is
+discarded, never committed (a rank that died before reporting would be missing from it).
+
+Markers live in ``<run>/.staging/.markers/``: ``<name>.rank-<r>.started``, ``<name>.rank-<r>.done``
+(JSON: the rank's metrics and the world size) and ``<name>.complete`` (JSON: world size, metrics).
+
+A rank whose record of a report dies with it (killed before the driver's next poll, ~0.1 s) would
+leave no evidence that it reported; so on a local disk each rank also appends the index of every
+report to its ledger ``reports.rank-<r>`` there (:class:`ReportLedger`: one small append, which
+survives the process). On an object store there is no ledger: such a set is discarded and training
+resumes from the checkpoint before it.
 """
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Optional
+import os
+import re
+from typing import Any, Dict, List, Optional
 
-from .staging import STAGING_DIR, WRITING_MARKER, StagedDir
-from .storage import is_local, join, resolve
+from .staging import COMMIT_MARKER, STAGING_DIR, WRITING_MARKER, StagedDir
+from .storage import is_local, join, resolve, to_url
 
 MARKERS = ".markers"
+#: The name of the reported checkpoint of report index N.
+REPORT_NAME = re.compile(r"^checkpoint_(\d+)$")
+
+
+def report_name(index: int) -> str:
+    """``checkpoint_000012`` for report index 12."""
+    return f"checkpoint_{index:06d}"
+
+
+def report_index(name: str) -> Optional[int]:
+    """The report index of a reported checkpoint's name (None for another name)."""
+    match = REPORT_NAME.match(name)
+    return int(match.group(1)) if match else None
 
 
 def report_staging(run_url: str, name: str) -> StagedDir:
@@ -28,7 +55,8 @@ def marker(staged: StagedDir, rank: int, state: str) -> str:
     return join(base, STAGING_DIR, MARKERS, f"{staged.name}.rank-{rank}.{state}")
 
 
-def upload(staged: StagedDir, rank: int, local_dir: str, metrics: Optional[Dict[str, Any]] = None) -> None:
+def upload(staged: StagedDir, rank: int, local_dir: str, metrics: Optional[Dict[str, Any]] = None,
+           world_size: int = 0) -> None:
     """Copy this rank's checkpoint files into the staged directory, marking start and end."""
     fs = staged.fs
     fs.makedirs(staged.path, exist_ok=True)
@@ -38,15 +66,65 @@ def upload(staged: StagedDir, rank: int, local_dir: str, metrics: Optional[Dict[
     if not fs.exists(join(staged.path, WRITING_MARKER)):  # what commit_dir expects of a staged dir
         fs.pipe_file(join(staged.path, WRITING_MARKER), b"{}")
     staged.put_dir(local_dir)
-    fs.pipe_file(marker(staged, rank, "done"), json.dumps(metrics or {}, default=str).encode())
+    done = {"metrics": metrics or {}, "world_size": int(world_size)}
+    fs.pipe_file(marker(staged, rank, "done"), json.dumps(done, default=str).encode())
 
 
-def done_metrics(staged: StagedDir, rank: int) -> Dict[str, Any]:
-    """The metrics rank ``rank`` reported with its upload (kept in its done marker)."""
+def _read_json(fs: Any, path: str) -> Optional[Dict[str, Any]]:
     try:
-        return json.loads(staged.fs.cat_file(marker(staged, rank, "done")).decode() or "{}")
-    except (FileNotFoundError, ValueError):
-        return {}
+        data = json.loads(fs.cat_file(path).decode() or "{}")
+    except (FileNotFoundError, ValueError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def done_info(staged: StagedDir, rank: int) -> Dict[str, Any]:
+    """What rank ``rank`` recorded with its finished upload: ``{"metrics": ..., "world_size": ...}``."""
+    data = _read_json(staged.fs, marker(staged, rank, "done")) or {}
+    if "metrics" not in data:  # an older marker held only the metrics
+        data = {"metrics": data, "world_size": 0}
+    return data
+
+
+def _complete_marker(staged: StagedDir) -> str:
+    return join(staged.final_path.rsplit("/", 1)[0], STAGING_DIR, MARKERS, f"{staged.name}.complete")
+
+
+def mark_complete(staged: StagedDir, world_size: int, metrics: Dict[str, Any]) -> None:
+    """The driver's record that every rank of a ``world_size`` world reported ``staged``."""
+    path = _complete_marker(staged)
+    staged.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    staged.fs.pipe_file(path, json.dumps({"world_size": world_size, "metrics": metrics}, default=str).encode())
+
+
+def complete_info(staged: StagedDir) -> Optional[Dict[str, Any]]:
+    """``{"world_size", "metrics"}`` when the driver recorded every rank's report of ``staged``, else None."""
+    return _read_json(staged.fs, _complete_marker(staged))
+
+
+def pending_names(run_url: str) -> List[str]:
+    """Names of reported checkpoints with upload markers or a local staged directory (not committed yet)."""
+    fs, run = resolve(run_url)
+    names = set()
+    for folder in (join(run, STAGING_DIR, MARKERS), join(run, STAGING_DIR)):
+        fs.invalidate_cache(folder)
+        try:
+            entries = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(folder, detail=False)]
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        names.update(e.split(".", 1)[0] for e in entries if REPORT_NAME.match(e.split(".", 1)[0]))
+    return sorted(names)
+
+
+def discard(staged: StagedDir) -> None:
+    """Remove an uncommitted reported checkpoint: its staged files and its markers."""
+    fs = staged.fs
+    path = staged.path
+    if path == staged.final_path and fs.exists(join(path, COMMIT_MARKER)):
+        raise ValueError(f"{to_url(fs, path)} is committed: not discarding it")  # never reached by recover()
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+    clear_markers(staged)
 
 
 def upload_state(staged: StagedDir) -> Dict[int, str]:
@@ -69,9 +147,67 @@ def upload_state(staged: StagedDir) -> Dict[int, str]:
 
 
 def clear_markers(staged: StagedDir) -> None:
-    for rank in upload_state(staged):
-        for state in ("started", "done"):
-            try:
-                staged.fs.rm_file(marker(staged, rank, state))
-            except FileNotFoundError:
-                pass
+    """Remove every marker of ``staged`` (after its commit, or when it is discarded)."""
+    paths = [marker(staged, rank, state) for rank in upload_state(staged) for state in ("started", "done")]
+    for path in paths + [_complete_marker(staged)]:
+        try:
+            staged.fs.rm_file(path)
+        except FileNotFoundError:
+            pass
+
+
+def _ledger_path(run: str, rank: int) -> str:
+    return join(run, STAGING_DIR, MARKERS, f"reports.rank-{rank}")
+
+
+class ReportLedger:
+    """A rank's append-only record of the report indexes it reached (local disks only)."""
+
+    def __init__(self, run_url: str, rank: int) -> None:
+        fs, run = resolve(run_url)
+        self.rank = rank
+        self.path = _ledger_path(run, rank) if is_local(fs) else None
+        self._fd: Optional[int] = None
+
+    def add(self, index: int) -> None:
+        """Record that this rank called ``report()`` with report index ``index``."""
+        if self.path is None:
+            return
+        if self._fd is None:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.write(self._fd, f"{index}\n".encode())
+
+    def close(self) -> None:
+        """Close the ledger file (it stays on disk)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def ledger_ranks(run_url: str, index: int, world_size: int) -> List[int]:
+    """The ranks (of ``world_size``) whose ledger says they reported ``index``."""
+    fs, run = resolve(run_url)
+    if not is_local(fs):
+        return []
+    found = []
+    for rank in range(world_size):
+        try:
+            with open(_ledger_path(run, rank), "rb") as fh:
+                seen = {line.strip() for line in fh}
+        except OSError:
+            continue
+        if str(index).encode() in seen:
+            found.append(rank)
+    return found
+
+
+def clear_ledgers(run_url: str) -> None:
+    """Empty every rank's ledger (once no reported checkpoint waits for evidence)."""
+    fs, run = resolve(run_url)
+    if not is_local(fs):
+        return
+    folder = join(run, STAGING_DIR, MARKERS)
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        if name.startswith("reports.rank-"):
+            os.truncate(os.path.join(folder, name), 0)  # ranks append with O_APPEND: they go on at 0

@@ -3,28 +3,25 @@ reported checkpoints, committing them once every rank reported, and ``metrics.js
 from __future__ import annotations
 
 import logging
-import re
 import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import CheckpointError
 from . import reported
 from .manager import CheckpointEntry, CheckpointManager
 from .metrics_log import append_metrics
-from .staging import STAGING_DIR, commit_dir
-from .storage import default_storage_path, join, refuse_per_process, resolve, to_url
+from .staging import StagedDir, clean_leftovers, commit_dir
+from .storage import check_run_name, default_storage_path, join, refuse_per_process, resolve, to_url
 from .storage_check import clear_markers, collect_markers, write_marker
 
 logger = logging.getLogger(__name__)
-
-_REPORTED = re.compile(r"^checkpoint_(\d+)$")
-
 
 class RunStorage:
     """A group's run directory: ``<storage_path>/<name>``, its checkpoints and ``metrics.jsonl``."""
 
     def __init__(self, storage_path: Optional[str], name: str, num_to_keep: Optional[int] = None,
                  score_attribute: Optional[str] = None, score_order: str = "max") -> None:
+        check_run_name(name)  # before anything is made: '../x' would leave the storage root
         base = storage_path or default_storage_path()
         refuse_per_process(base)
         fs, path = resolve(base)
@@ -36,20 +33,18 @@ class RunStorage:
                                   "--storage URL") from exc
         self.manager = CheckpointManager(self.url, num_to_keep, score_attribute, score_order)
         self.report_base = self._next_report_number()
-        self._pending: Dict[str, Dict[int, bool]] = {}
+        self._pending: Dict[str, Dict[str, Any]] = {}  # report name -> ranks that reported it, files, metrics
         self._lock = threading.Lock()
         self.background_error: Optional[str] = None
         self.background: Optional[threading.Thread] = None  # an --async snapshot being written
+        self.recover()  # what an earlier kernel or attempt left: committed if every rank reported it
+        clean_leftovers(self.url)  # interrupted writes and deletes of earlier processes
 
     def _next_report_number(self) -> int:
-        fs, run = resolve(self.url)
-        numbers = [int(m.group(1)) for e in self.manager.list() for m in [_REPORTED.match(e.name)] if m]
-        try:
-            staged = [p.rsplit("/", 1)[-1] for p in fs.ls(join(run, STAGING_DIR), detail=False)]
-        except FileNotFoundError:
-            staged = []
-        numbers += [int(m.group(1)) for n in staged for m in [_REPORTED.match(n)] if m]
-        return max(numbers, default=0) + 1
+        """One past the highest report index the run has used: committed, or still in storage."""
+        used = [reported.report_index(e.name) for e in self.manager.list("reported")]
+        used += [reported.report_index(n) for n in reported.pending_names(self.url)]
+        return max((i for i in used if i is not None), default=0) + 1
 
     def check_shared(self, on_workers: Callable[[str, str], Any], num_workers: int) -> None:
         """Every worker reads the driver's marker and writes its own, which the driver reads.
@@ -72,7 +67,8 @@ class RunStorage:
     # -- reported checkpoints --------------------------------------------------------------
 
     def on_records(self, records: Sequence[Dict[str, Any]], world_size: int) -> None:
-        """Append rank 0's metrics to ``metrics.jsonl``; commit a reported checkpoint once every rank reported."""
+        """Append rank 0's metrics to ``metrics.jsonl``; commit a reported checkpoint once every rank of
+        the ``world_size`` world reported it (with files or without)."""
         lines = [dict(r["metrics"], _time=r["time"]) for r in records if r["rank"] == 0]
         if lines:
             try:
@@ -84,28 +80,32 @@ class RunStorage:
             if key is None:
                 continue
             with self._lock:
-                pending = self._pending.setdefault(key, {"ranks": 0, "files": False, "metrics": {}})
-                pending["ranks"] += 1
+                pending = self._pending.setdefault(key, {"ranks": set(), "files": False, "metrics": {}})
+                pending["ranks"].add(rec["rank"])
                 pending["files"] |= bool(rec.get("checkpoint"))
                 if rec["rank"] == 0:
                     pending["metrics"] = rec["metrics"]
-                complete = pending["ranks"] >= world_size
+                complete = pending["ranks"] >= set(range(world_size))
                 if complete:
                     del self._pending[key]
             if complete and pending["files"]:
-                self._commit(key, pending["metrics"])
+                staged = reported.report_staging(self.url, key)
+                try:
+                    reported.mark_complete(staged, world_size, pending["metrics"])
+                except Exception as exc:  # noqa: BLE001 - the commit below still runs; recovery would discard it
+                    logger.warning("cannot record that every rank reported %s: %s", key, exc)
+                self._commit(staged, pending["metrics"])
 
-    def _commit(self, name: str, metrics: Optional[Dict[str, Any]] = None) -> Optional[CheckpointEntry]:
-        staged = reported.report_staging(self.url, name)
+    def _commit(self, staged: StagedDir, metrics: Optional[Dict[str, Any]] = None) -> Optional[CheckpointEntry]:
         state = reported.upload_state(staged)
         if not state or any(s != "done" for s in state.values()):
-            logger.warning("checkpoint %s not committed: uploads unfinished (%s)", name, state)
+            logger.warning("checkpoint %s not committed: uploads unfinished (%s)", staged.name, state)
             return None
         try:
             commit_dir(staged)
-            entry = self.manager.register(name, "reported", staged.final_url, metrics or {})
+            entry = self.manager.register(staged.name, "reported", staged.final_url, metrics or {})
         except CheckpointError as exc:
-            logger.warning("checkpoint %s not committed: %s", name, exc)
+            logger.warning("checkpoint %s not committed: %s", staged.name, exc)
             return None
         finally:
             reported.clear_markers(staged)
@@ -113,21 +113,58 @@ class RunStorage:
         return entry
 
     def recover(self) -> List[str]:
-        """Commit reported checkpoints whose every started upload finished (after a crash)."""
-        fs, run = resolve(self.url)
-        try:
-            staged = [p.rsplit("/", 1)[-1] for p in fs.ls(join(run, STAGING_DIR), detail=False)]
-        except FileNotFoundError:
-            return []
+        """Settle the reported checkpoints a crash left in storage; returns the names committed.
+
+        One whose every rank reported it (the driver's ``complete`` marker, or a finished upload
+        from every rank of its world) and whose uploads all finished is committed; any other is
+        discarded (named in the log), never committed. Runs when a run is opened and on every
+        restart; afterwards the next report index is past every index the run used.
+        """
+        names = reported.pending_names(self.url)
+        self.report_base = max(self.report_base, self._next_report_number())
+        with self._lock:
+            self._pending.clear()  # reports of the attempt that failed: their sets are settled below
         committed = []
-        for name in sorted(n for n in staged if _REPORTED.match(n)):
-            state = reported.upload_state(reported.report_staging(self.url, name))
-            if state and all(s == "done" for s in state.values()):
-                metrics = reported.done_metrics(reported.report_staging(self.url, name), 0)
-                if self._commit(name, metrics) is not None:
-                    committed.append(name)
+        done_names = {e.name for e in self.manager.list("reported")}
+        for name in names:
+            staged = reported.report_staging(self.url, name)
+            if name in done_names:  # committed, but its markers were left behind
+                reported.clear_markers(staged)
+                continue
+            verdict, metrics = _settle(self.url, staged)
+            if verdict is None and self._commit(staged, metrics) is not None:
+                committed.append(name)
+                continue
+            logger.warning("reported checkpoint %s discarded, not committed: %s", name,
+                           verdict or "its commit failed")
+            try:
+                reported.discard(staged)
+            except Exception as exc:  # noqa: BLE001 - the next open tries again
+                logger.warning("could not remove the discarded checkpoint %s: %s", name, exc)
+        reported.clear_ledgers(self.url)  # every pending set is settled: no evidence is needed any more
         return committed
 
     def advance(self, reports: int) -> None:
         """After a cell: the next cell numbers its reported checkpoints after this one's."""
         self.report_base += reports
+
+
+def _settle(run_url: str, staged: StagedDir) -> Tuple[Optional[str], Dict[str, Any]]:
+    """``(None, metrics)`` when every rank reported ``staged`` (the driver's record, a finished upload
+    or a ledger entry from each rank) and every upload finished, else ``(why not, {})``."""
+    state = reported.upload_state(staged)
+    unfinished = sorted(r for r, s in state.items() if s != "done")
+    if unfinished:
+        return f"rank(s) {', '.join(map(str, unfinished))} did not finish uploading it", {}
+    complete = reported.complete_info(staged)
+    if complete is not None:
+        return None, complete.get("metrics") or reported.done_info(staged, 0)["metrics"]
+    worlds = {reported.done_info(staged, r)["world_size"] for r in state}
+    world = worlds.pop() if len(worlds) == 1 else 0
+    index = reported.report_index(staged.name)
+    ledger = reported.ledger_ranks(run_url, index, world) if world and index is not None else []
+    missing = sorted(set(range(world)) - set(state) - set(ledger)) if world else []
+    if world and not missing:
+        return None, reported.done_info(staged, 0)["metrics"]
+    who = f"rank(s) {', '.join(map(str, missing))}" if missing else "not every rank"
+    return f"{who} never reported it (a rank failed before its report())", {}

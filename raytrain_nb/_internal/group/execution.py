@@ -105,7 +105,8 @@ class ExecutionMixin:
                         f"{self.run_storage.background_error}")
             self.run_storage.background_error = None
         try:
-            results = self._dispatch(lambda s: s.actor.run_cell.remote(source, cell_id, True, base), targets,
+            partial = len(targets) < self.num_workers
+            results = self._dispatch(lambda s: s.actor.run_cell.remote(source, cell_id, True, base, partial), targets,
                                      sink, output, shown)
         finally:
             self.run_storage.advance(max(self._reports_seen(base), 0))
@@ -133,7 +134,8 @@ class ExecutionMixin:
         targets = self._targets(ranks)
         base = self.run_storage.report_base
         try:
-            results = self._dispatch(lambda s: s.actor.execute.remote(fn, args, kwargs, base), targets,
+            partial = len(targets) < self.num_workers
+            results = self._dispatch(lambda s: s.actor.execute.remote(fn, args, kwargs, base, partial), targets,
                                      sink or TextSink(), output, targets[:1] if output == "rank0" else targets)
         finally:
             self.run_storage.advance(max(self._reports_seen(base), 0))

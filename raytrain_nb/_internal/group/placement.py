@@ -60,7 +60,11 @@ def reserve(config: GroupConfig, count: int, timeout_s: float) -> Any:
     check_cluster(config, count)
     bundle = config.bundle() or {"CPU": 0.001}
     pg = placement_group([dict(bundle) for _ in range(count)], strategy=config.placement_strategy)
-    ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+    try:
+        ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+    except BaseException:  # Ctrl-C (or anything else) while waiting: never leave the reservation behind
+        remove_placement_group(pg)
+        raise
     if not ready:
         free = ray.available_resources()
         remove_placement_group(pg)

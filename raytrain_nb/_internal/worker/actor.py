@@ -240,15 +240,18 @@ class Worker(CheckpointingWorker):
                 self._done.set()
         return result
 
-    def run_cell(self, source: str, cell_id: int, show_value: bool = True, report_base: int = 0) -> CellOutcome:
+    def run_cell(self, source: str, cell_id: int, show_value: bool = True, report_base: int = 0,
+                 partial: bool = False) -> CellOutcome:
         """Run cell source in the persistent namespace; return outputs, value and failure.
 
-        ``report_base`` numbers the checkpoints this cell reports (``checkpoint_<base + i>``).
+        ``report_base`` numbers the checkpoints this cell reports (``checkpoint_<base + i>``);
+        ``partial``: the cell runs on some ranks only, so it cannot report a checkpoint.
         """
-        return self._cells.call(self._run_cell, source, cell_id, show_value, report_base)
+        return self._cells.call(self._run_cell, source, cell_id, show_value, report_base, partial)
 
-    def _run_cell(self, source: str, cell_id: int, show_value: bool, report_base: int = 0) -> CellOutcome:
-        self._report_base = report_base
+    def _run_cell(self, source: str, cell_id: int, show_value: bool, report_base: int = 0,
+                  partial: bool = False) -> CellOutcome:
+        self._report_base, self._partial = report_base, partial
         filename = f"<cell-{cell_id}>"
         self._begin(filename)
         result = CellOutcome(rank=self.rank)
@@ -276,13 +279,13 @@ class Worker(CheckpointingWorker):
         return result
 
     def execute(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, Any],
-                report_base: int = 0) -> CellOutcome:
+                report_base: int = 0, partial: bool = False) -> CellOutcome:
         """Call ``fn(*args, **kwargs)`` on the cell thread; return its value or failure."""
-        return self._cells.call(self._execute, fn, args, kwargs, report_base)
+        return self._cells.call(self._execute, fn, args, kwargs, report_base, partial)
 
     def _execute(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, Any],
-                 report_base: int = 0) -> CellOutcome:
-        self._report_base = report_base
+                 report_base: int = 0, partial: bool = False) -> CellOutcome:
+        self._report_base, self._partial = report_base, partial
         self._begin(getattr(fn, "__name__", "function"))
         result = CellOutcome(rank=self.rank)
         started = time.perf_counter()

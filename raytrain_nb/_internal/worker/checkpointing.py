@@ -28,6 +28,8 @@ class CheckpointingWorker:
     def _init_checkpointing(self) -> None:
         self._run_url: Optional[str] = None
         self._report_base = 0
+        self._partial = False  # the running cell runs on some ranks only: no reported checkpoints
+        self._ledger: Optional[reported.ReportLedger] = None  # this rank's record of its reports
         self._snap_lock = threading.Lock()
         self._snap_future: Optional["concurrent.futures.Future[Dict[str, Any]]"] = None
         self._snap_request: Optional[tuple] = None
@@ -39,19 +41,26 @@ class CheckpointingWorker:
             self.session.report_name = self.report_name
             self.session.latest = self._latest
             self.session.on_report = self._on_report
+        if self._run_url is not None and self.rank >= 0 and (self._ledger is None or self._ledger.rank != self.rank):
+            if self._ledger is not None:
+                self._ledger.close()
+            self._ledger = reported.ReportLedger(self._run_url, self.rank)  # per rank: rescale may change it
 
     def set_storage(self, run_url: Optional[str]) -> None:
         self._run_url = run_url
         self._attach_session()
 
     def _upload(self, index: int, checkpoint: Any, metrics: Dict[str, Any]) -> None:
+        if self._partial:
+            raise RuntimeError("report(checkpoint=...) needs every rank: this cell runs on some ranks only "
+                               "(--ranks / ranks=); run it on the whole group")
         staged = reported.report_staging(self._run_url, self.report_name(index))
         with checkpoint.as_directory() as local:
-            reported.upload(staged, self.rank, local, metrics)
+            reported.upload(staged, self.rank, local, metrics, world_size=get_context().get_world_size())
 
     def report_name(self, index: int) -> str:
         """The name the ``index``-th report of the running cell gives its checkpoint."""
-        return f"checkpoint_{self._report_base + index:06d}"
+        return reported.report_name(self._report_base + index)
 
     def _latest(self) -> Any:
 
@@ -100,6 +109,10 @@ class CheckpointingWorker:
             self._snap_request = None
 
     def _on_report(self, record: Dict[str, Any]) -> None:
+        name = record.get("report")
+        index = reported.report_index(name) if name else None
+        if index is not None and self._ledger is not None:
+            self._ledger.add(index)  # survives this process: evidence that this rank reported
         self._take_requested()
 
     def _take_requested(self) -> None:
