@@ -59,6 +59,10 @@ class CheckpointError(StorageError):
     """A checkpoint or the run's checkpoint index is missing, unknown or damaged."""
 
 
+class RunInUseError(CheckpointError):
+    """Another live writer (a group or a trainer) holds the run's lease."""
+
+
 class ConfigError(RaytrainNbError, ValueError):
     """A trainer argument or config field has a bad value, or cannot be honoured here."""
 

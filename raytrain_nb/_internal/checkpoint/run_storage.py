@@ -8,6 +8,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import CheckpointError
 from . import reported
+from .lease import RunLease
 from .manager import CheckpointEntry, CheckpointManager
 from .metrics_log import append_metrics
 from .staging import StagedDir, clean_leftovers, commit_dir
@@ -20,7 +21,7 @@ class RunStorage:
     """A group's run directory: ``<storage_path>/<name>``, its checkpoints and ``metrics.jsonl``."""
 
     def __init__(self, storage_path: Optional[str], name: str, num_to_keep: Optional[int] = None,
-                 score_attribute: Optional[str] = None, score_order: str = "max") -> None:
+                 score_attribute: Optional[str] = None, score_order: str = "max", owner: str = "") -> None:
         check_run_name(name)  # before anything is made: '../x' would leave the storage root
         base = storage_path or default_storage_path()
         refuse_per_process(base)
@@ -31,6 +32,15 @@ class RunStorage:
         except Exception as exc:  # noqa: BLE001
             raise CheckpointError(f"cannot create the run directory {self.url}: {exc}: pass a writable "
                                   "--storage URL") from exc
+        self.lease = RunLease(self.url, owner or f"a writer of run {name}")  # one writer per run
+        try:
+            self._open(num_to_keep, score_attribute, score_order)
+        except BaseException:
+            self.lease.release()
+            raise
+
+    def _open(self, num_to_keep: Optional[int], score_attribute: Optional[str], score_order: str) -> None:
+        """Load the index, settle what a crash left, clean leftovers (the lease is held)."""
         self.manager = CheckpointManager(self.url, num_to_keep, score_attribute, score_order)
         self.report_base = self._next_report_number()
         self._pending: Dict[str, Dict[str, Any]] = {}  # report name -> ranks that reported it, files, metrics
@@ -39,6 +49,10 @@ class RunStorage:
         self.background: Optional[threading.Thread] = None  # an --async snapshot being written
         self.recover()  # what an earlier kernel or attempt left: committed if every rank reported it
         clean_leftovers(self.url)  # interrupted writes and deletes of earlier processes
+
+    def close(self) -> None:
+        """Give the run's lease back: another writer may open it now (idempotent)."""
+        self.lease.release()
 
     def _next_report_number(self) -> int:
         """One past the highest report index the run has used: committed, or still in storage."""

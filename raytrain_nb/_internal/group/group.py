@@ -9,6 +9,7 @@ recovery in :mod:`.recovery`, snapshots in :mod:`.snapshots`; the state machine 
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence
@@ -19,15 +20,15 @@ from ..errors import GroupError
 from ..worker.checkpointing import read_storage_marker
 from .config import GroupConfig
 from .execution import ExecutionMixin
-from .formation import FormationMixin, first_line
+from .formation import FormationMixin
+from .liveness import LivenessMixin
 from .monitor import DEFAULT_HEARTBEAT_TIMEOUT_S, HealthMonitor
 from .placement import reserve
 from .recovery import replace_ranks, rescale, restart
 from .slots import SlotTable
 from .snapshots import RollbackResult, checkpoint, rollback, wait_background
 from .state import GroupState, SlotState, check_transition
-from .timing import INTERRUPT_WAIT_S
-from .types import CellRecord, WorkerStatus
+from .types import CellRecord
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ def active_group() -> Optional["WorkerGroup"]:
     return _ACTIVE
 
 
-class WorkerGroup(FormationMixin, ExecutionMixin):
+class WorkerGroup(FormationMixin, ExecutionMixin, LivenessMixin):
     """N Ray actors, one per rank, with a persistent namespace each and a process group.
 
     Args:
@@ -85,7 +86,7 @@ class WorkerGroup(FormationMixin, ExecutionMixin):
                                   placement_strategy=placement_strategy, backend=backend)
         self.backend = self.config.resolved_backend
         self.address = address
-        self.name = name or time.strftime("run-%Y%m%d-%H%M%S")
+        self.name = name or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"  # unique per writer
         self.start_timeout_s = start_timeout_s
         self.state = GroupState.STARTING
         self._observers: List[Callable[[GroupState, GroupState], None]] = []
@@ -103,14 +104,18 @@ class WorkerGroup(FormationMixin, ExecutionMixin):
         self.metrics_history: Dict[int, Deque[Dict[str, Any]]] = {}
         self.storage_path = storage_path
         self.num_spares = spares
-        self.run_storage = RunStorage(storage_path, self.name, num_to_keep, checkpoint_score_attribute,
-                                      checkpoint_score_order)
-        cluster.connect(address)
-        self.placement_timeout_s = placement_timeout_s
         if isinstance(spares, bool) or not isinstance(spares, int) or spares < 0:
             raise GroupError(f"spares={spares!r} is not allowed: give a whole number, 0 or more (--spares 1)")
-        pg = reserve(self.config, num_workers + spares, placement_timeout_s)
-        self.slots.pgs.append(pg)
+        self.placement_timeout_s = placement_timeout_s
+        self.run_storage = RunStorage(storage_path, self.name, num_to_keep, checkpoint_score_attribute,
+                                      checkpoint_score_order, owner=f"group {self.name!r}")
+        try:
+            cluster.connect(address)
+            self.slots.pgs.append(reserve(self.config, num_workers + spares, placement_timeout_s))
+        except BaseException:
+            self.run_storage.close()
+            raise
+        pg = self.slots.pgs[0]
         try:
             self.slots.spares = [self._spawn(pg, i) for i in range(num_workers, num_workers + spares)]
             for spare in self.slots.spares:
@@ -182,76 +187,7 @@ class WorkerGroup(FormationMixin, ExecutionMixin):
                 "replaces them, %dist_rescale N (group.rescale(n)) continues without them"
             )
 
-    # -- failures noticed by the monitor and the dispatcher -----------------------------------
-
-    def mark_dead(self, actor: Any, cause: str) -> None:
-        """The worker process ``actor`` is gone: its rank turns dead and an idle group failed."""
-        self._mark_gone(actor, SlotState.DEAD, cause)
-
-    def mark_unresponsive(self, actor: Any, silent_s: float) -> None:
-        """``actor`` has not answered a heartbeat for ``silent_s`` seconds."""
-        self._mark_gone(actor, SlotState.UNRESPONSIVE, f"has not answered for {silent_s:.0f} s (stopped, e.g. "
-                                                      "SIGSTOP, or blocked in C code holding the GIL)")
-
-    def _mark_gone(self, actor: Any, state: SlotState, cause: str) -> None:
-        with self._state_lock:
-            rank = self.slots.rank_of(actor)
-            if rank is None:
-                return
-            slot = self.slots[rank]
-            if slot.state == SlotState.DEAD or (slot.gone and state == SlotState.UNRESPONSIVE):
-                return
-            slot.mark(state, cause)
-            if state == SlotState.DEAD:
-                logger.warning("rank %d (pid %s, node %s) died: %s", rank, slot.info.get("pid"),
-                               slot.info.get("node_ip"), cause)
-            else:
-                logger.warning("rank %d (pid %s) %s", rank, slot.info.get("pid"), cause)
-            if self.state is GroupState.IDLE:
-                self.transition(GroupState.FAILED)
-            else:
-                self._notify()
-
-    # -- looking and controlling ---------------------------------------------------------
-
-    def status(self, ping: bool = True) -> List[WorkerStatus]:
-        """One :class:`WorkerStatus` per rank; dead workers show as ``dead``.
-
-        Args:
-            ping: ask every live worker first (up to 3 s), so a death Ray knows of counts;
-                ``False`` answers at once from what the group already knows (observers, the dashboard).
-        """
-        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
-
-        live = [s for s in self.slots if ping and not s.gone]
-        refs = {s.actor.ping.remote(): s for s in live}
-        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=3.0) if refs else ([], [])
-        for ref in ready:
-            try:
-                ray.get(ref, timeout=1.0)
-            except ray.exceptions.RayActorError as exc:
-                refs[ref].mark(SlotState.DEAD, first_line(exc))
-        if ping and any(s.state == SlotState.DEAD for s in self.slots) and self.state is GroupState.IDLE:
-            self.transition(GroupState.FAILED)
-        return [
-            WorkerStatus(rank=i, node=s.info.get("node_ip", "?"), pid=s.info.get("pid", 0), device=s.device,
-                         state=s.state, last_metrics=dict(self.latest_metrics.get(i, {})), error=s.error)
-            for i, s in enumerate(self.slots)
-        ]
-
-    def interrupt(self) -> List[Dict[str, Any]]:
-        """Interrupt the running code on every rank (KeyboardInterrupt in user code)."""
-        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
-
-        refs = [s.actor.interrupt.remote() for s in self.slots if s.state != SlotState.DEAD]
-        ray.wait(refs, num_returns=len(refs), timeout=INTERRUPT_WAIT_S + 3)  # one deadline for every rank
-        out = []
-        for ref in refs:
-            try:
-                out.append(ray.get(ref, timeout=0.1))
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
-                out.append({"state": "unreachable", "error": first_line(exc)})
-        return out
+    # -- looking and controlling (liveness, status and interrupts: :mod:`.liveness`) ------
 
     def dashboard(self, **options: Any) -> Any:
         """This group's live dashboard (one per group): per-rank progress, a metrics plot, the
@@ -388,6 +324,7 @@ class WorkerGroup(FormationMixin, ExecutionMixin):
                 remove_placement_group(pg)
             except Exception as exc:  # noqa: BLE001 - teardown goes on, and says what it left
                 logger.warning("could not release placement group %s: %s", pg.id.hex(), exc)
+        self.run_storage.close()
 
     def __repr__(self) -> str:
         return f"WorkerGroup(name={self.name!r}, workers={self.num_workers}, backend={self.backend!r}, state={self.state.value!r})"
