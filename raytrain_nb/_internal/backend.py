@@ -116,8 +116,16 @@ class ProcessGroupState:
         (a client that comes before the server backs off for hundreds of ms). Returns its port."""
         from torch.distributed import TCPStore  # torch: loaded on first use, not on import raytrain_nb
 
-        self._master_store = TCPStore(master_addr, 0, world_size, is_master=True, wait_for_workers=False,
-                                      timeout=datetime.timedelta(seconds=timeout_s))
+        # Listen on exactly ``master_addr`` (loopback for a one-machine group), not on every interface.
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind((master_addr, 0))
+        listener.listen(max(128, world_size))
+        try:
+            self._master_store = TCPStore(master_addr, listener.getsockname()[1], world_size, is_master=True,
+                                          wait_for_workers=False, master_listen_fd=listener.fileno(),
+                                          timeout=datetime.timedelta(seconds=timeout_s))
+        finally:
+            listener.detach()  # the store owns the socket now
         return self._master_store.port
 
     def break_(self) -> bool:

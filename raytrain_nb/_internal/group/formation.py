@@ -14,6 +14,15 @@ from .state import SlotState
 
 logger = logging.getLogger(__name__)
 
+LOOPBACK = "127.0.0.1"
+
+
+def loopback_env(local: bool) -> Dict[str, str]:
+    """Where gloo and NCCL open their sockets: the loopback interface when every rank is on this machine
+    ("" removes a setting left by an earlier, single-machine formation)."""
+    value = "lo" if local else ""
+    return {"GLOO_SOCKET_IFNAME": value, "NCCL_SOCKET_IFNAME": value}
+
 
 class FormationMixin:
     """How a :class:`~raytrain_nb.WorkerGroup` starts workers and (re-)forms its process group."""
@@ -62,13 +71,15 @@ class FormationMixin:
         """
         infos = self._contexts()
         master = self.slots[0]
-        addr = master.info["node_ip"]
+        # Ranks all on one machine talk over loopback only: nothing we open listens on other interfaces.
+        local = len({s.info["node_id"] for s in self.slots}) == 1
+        addr = LOOPBACK if local else master.info["node_ip"]
         port = 0
         if self.backend != "none":
             port = self._get([master.actor.open_store.remote(addr, len(self.slots))], 60, "start")[0]
         refs = []
         for rank, (slot, info) in enumerate(zip(self.slots, infos)):
-            ctx, env = info.context(self.name), info.env(addr, port)
+            ctx, env = info.context(self.name), dict(info.env(addr, port), **loopback_env(local))
             if method == "setup":
                 refs.append(slot.actor.setup.remote(ctx, env, self.backend, addr, port))
             else:

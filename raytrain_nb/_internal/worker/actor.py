@@ -138,7 +138,11 @@ class Worker(CheckpointingWorker):
         return {"device": device}
 
     def _set_context(self, context: Dict[str, Any], env: Dict[str, str]) -> None:
-        os.environ.update(env)
+        for key, value in env.items():  # an empty value removes the variable
+            if value:
+                os.environ[key] = value
+            else:
+                os.environ.pop(key, None)
         ctx = TrainContext(**context)
         self.rank = ctx.world_rank
         if self.session is None:
