@@ -1,17 +1,26 @@
 """Connect to Ray: an embedded local instance by default, an existing cluster otherwise.
 
 The embedded instance is quiet (no log flood in the notebook, no dashboard),
-sized for a small machine, and started at most once per process; a
-"node timed out during startup" (seen on loaded machines) is retried.
+sized for a small machine, runs with Ray's token authentication on (set
+explicitly, the token file readable by its owner only), and is started at most
+once per process; a "node timed out during startup" (seen on loaded machines)
+is retried. The notebook's folder is shipped only to a cluster with nodes on
+other machines, without secrets, and only when small (``shipping.py``).
 """
 from __future__ import annotations
 
 import logging
 import os
+import secrets
 import signal
+import socket
+import stat
+import tempfile
 import threading
-from typing import Any, Dict, Optional
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Set
 
+from . import shipping
 from .errors import GroupError
 
 logger = logging.getLogger(__name__)
@@ -23,7 +32,11 @@ _MAX_OBJECT_STORE = 2 * 1024 ** 3
 _started_by_us = False
 _shipped_working_dir = False
 _lock = threading.Lock()
-_EXCLUDES = [".git", ".venv", "venv", "__pycache__", ".ipynb_checkpoints", "*.pt", "*.ckpt", "*.tar", "*.zip"]
+
+#: Ray's switch (read by the driver, the GCS, raylets and workers) and its token sources, in Ray's order.
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
+TOKEN_ENV = "RAY_AUTH_TOKEN"
+TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
 
 
 def _memory_limit() -> int:
@@ -102,12 +115,14 @@ def connect(address: Optional[str] = None) -> None:
     global _started_by_us, _shipped_working_dir
     import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
-    # Ray says on every start that token authentication is on; it stays on, the notice goes.
+    # Ray announces token authentication when it turns it on by default; ours is set explicitly, the notice goes.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     with _lock:
         if ray.is_initialized():
             return
         address = address or os.environ.get("RAY_ADDRESS") or None
+        if not address:
+            enable_token_auth()
         in_main = threading.current_thread() is threading.main_thread()
         sigint = signal.getsignal(signal.SIGINT) if in_main else None
         last: Optional[BaseException] = None
@@ -120,17 +135,20 @@ def connect(address: Optional[str] = None) -> None:
                     os.environ.setdefault("RAY_worker_niceness", "0")
                     # "local": a new instance even if `ray start` left one running on this machine
                     ray.init(address="local", **local_init_kwargs())
-                    _started_by_us = True
+                    _check_token_auth()
+                    _started_by_us, _shipped_working_dir = True, False
                 last = None
                 break
             except Exception as exc:  # noqa: BLE001 - retried or re-raised below
                 last = exc
-                transient = "timed out during startup" in str(exc) or "timed out" in str(exc).lower()
-                logger.warning("ray.init attempt %d/%d failed: %s", attempt, _STARTUP_ATTEMPTS, exc)
                 try:
                     ray.shutdown()
                 except Exception:
                     pass
+                if isinstance(exc, GroupError):
+                    break  # ours, final, and its message says what to do
+                transient = "timed out during startup" in str(exc) or "timed out" in str(exc).lower()
+                logger.warning("ray.init attempt %d/%d failed: %s", attempt, _STARTUP_ATTEMPTS, exc)
                 if not transient or address:
                     break
             finally:
@@ -138,27 +156,162 @@ def connect(address: Optional[str] = None) -> None:
                     signal.signal(signal.SIGINT, sigint)  # never replace IPython's handler
         if last is None:
             _quiet_raylet_messages()
+        if isinstance(last, GroupError):
+            raise last
         if last is not None:
             where = f"the Ray cluster at {address!r}" if address else "a local Ray instance"
             raise GroupError(f"could not connect to {where}: {last}") from last
 
 
-def _init_remote(ray: Any, address: str) -> bool:
-    """Connect to an existing cluster; ship the notebook's folder to its workers (Ray's runtime_env).
+def token_file() -> Optional[Path]:
+    """The file Ray reads its token from: ``RAY_AUTH_TOKEN_PATH``, else ``~/.ray/auth_token``.
 
-    Returns whether the folder was shipped (too large or disabled: workers must share the filesystem).
+    None when ``RAY_AUTH_TOKEN`` holds the token itself (Ray's first source).
+    """
+    if os.environ.get(TOKEN_ENV, "").strip():
+        return None
+    named = os.environ.get(TOKEN_PATH_ENV, "").strip()
+    return Path(named).expanduser() if named else Path.home() / ".ray" / "auth_token"
+
+
+def _has_token(path: Path) -> bool:
+    """Whether ``path`` holds a token (Ray strips whitespace; an empty or unreadable file holds none)."""
+    try:
+        return bool(path.read_text(errors="replace").strip())
+    except OSError:
+        return False
+
+
+def _write_token(path: Path) -> None:
+    """A new random token (as Ray makes them) in ``path``, readable by its owner only, never over another's."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # mode 0600 from the start
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_hex(32))
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.link(tmp, path)  # atomic, and fails if another process wrote a token meanwhile
+        except OSError:  # the file exists (another process's token, or empty), or no hard links here
+            if _has_token(path):
+                logger.debug("Ray's token file %s was written by another process meanwhile; using it", path)
+                return
+            os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    logger.debug("created Ray's token file %s, readable by its owner only (mode 0600)", path)
+
+
+def enable_token_auth() -> None:
+    """Turn Ray's token authentication on for the embedded instance, explicitly, whatever Ray's default.
+
+    Sets ``RAY_AUTH_MODE=token`` (inherited by the GCS, raylet and workers this process starts, and re-read by
+    this process's Ray config) and makes sure a token exists: ``RAY_AUTH_TOKEN``, the file
+    ``RAY_AUTH_TOKEN_PATH`` names, or ``~/.ray/auth_token``, which is created (mode 0600) when missing.
+
+    Raises:
+        GroupError: ``RAY_AUTH_TOKEN_PATH`` names a missing or empty file.
+    """
+    from ray._raylet import Config  # ray: loaded when a group or trainer runs, not on import raytrain_nb
+
+    mode = os.environ.get(AUTH_MODE_ENV)
+    if mode is not None and mode.strip().lower() != "token":
+        logger.warning("%s=%s ignored: the embedded Ray instance always runs with token authentication",
+                       AUTH_MODE_ENV, mode)
+    os.environ[AUTH_MODE_ENV] = "token"
+    Config.initialize("")  # Ray caches its config per process: read RAY_AUTH_MODE again, as ray.init does
+    path = token_file()
+    if path is None:
+        logger.debug("Ray token authentication on; the token comes from %s", TOKEN_ENV)
+    elif _has_token(path):
+        mode_bits = stat.S_IMODE(path.stat().st_mode)
+        if mode_bits & 0o077:  # the user's own file: told, not changed
+            logger.info("Ray's token file %s is readable by other users (mode %o): chmod 600 %s", path, mode_bits, path)
+        else:
+            logger.debug("Ray token authentication on; token file %s (mode %o)", path, mode_bits)
+    elif os.environ.get(TOKEN_PATH_ENV, "").strip():
+        raise GroupError(f"{TOKEN_PATH_ENV}={path} names no file holding a token: write one there "
+                         f"(`ray get-auth-token --generate` prints one) or unset {TOKEN_PATH_ENV}")
+    else:
+        _write_token(path)
+
+
+def _check_token_auth() -> None:
+    """Refuse an embedded instance that came up without token authentication (a Ray that ignores the switch)."""
+    import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
+    from ray._private.authentication.authentication_utils import is_token_auth_enabled  # ray: as above
+
+    if not is_token_auth_enabled():
+        raise GroupError(f"the embedded Ray instance (ray {ray.__version__}) started without token "
+                         f"authentication although {AUTH_MODE_ENV}=token: pip install -U 'ray>=2.59'")
+
+
+def this_machine_addresses() -> Set[str]:
+    """This machine's own addresses: every interface's, its hostname's, and the one Ray uses here."""
+    found = {"localhost", socket.gethostname()}
+    try:
+        found |= {str(info[4][0]) for info in socket.getaddrinfo(socket.gethostname(), None)}
+    except OSError:
+        pass
+    try:
+        import psutil  # bundled with Ray (ray/thirdparty_files): every interface's addresses
+
+        found |= {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs
+                  if a.family in (socket.AF_INET, socket.AF_INET6)}
+    except ImportError:
+        logger.debug("psutil is missing: this machine's addresses come from its hostname only")
+    try:
+        from ray.util import get_node_ip_address  # ray: loaded when a group or trainer runs
+
+        found.add(get_node_ip_address())
+    except Exception:  # noqa: BLE001 - no route out: the other sources still stand
+        pass
+    return found
+
+
+def _secret_files() -> List[str]:
+    """Files never shipped whatever their name: Ray's token files."""
+    named = os.environ.get(TOKEN_PATH_ENV, "").strip()
+    return [str(Path.home() / ".ray" / "auth_token")] + ([str(Path(named).expanduser())] if named else [])
+
+
+def _init_remote(ray: Any, address: str) -> bool:
+    """Connect to an existing cluster; ship the notebook's folder (Ray's runtime_env) only to other machines.
+
+    Connects without a runtime_env first and reads the cluster's nodes: where every node runs on this machine
+    (``ray start --head`` here, a cluster of local raylets), workers use the folder in place and nothing is
+    copied. Otherwise the folder, secrets and environments left out, is checked against the size limit and the
+    driver reconnects with it.
+
+    Returns whether the folder was shipped (disabled, same machine or failed: workers use the filesystem).
+
+    Raises:
+        GroupError: the folder is over the limit (the connection is closed; nothing was uploaded).
     """
     common = dict(address=address, log_to_driver=False, logging_level=logging.WARNING)
-    if os.environ.get("RAYTRAIN_NB_WORKING_DIR", "1") != "0":
-        try:
-            ray.init(runtime_env={"working_dir": os.getcwd(), "excludes": _EXCLUDES}, **common)
-            return True
-        except Exception as exc:  # noqa: BLE001 - e.g. the folder is over Ray's upload limit
-            if "timed out" in str(exc).lower():
-                raise
-            logger.warning("the notebook's folder was not shipped to the workers (%s); modules in it are "
-                           "importable on workers only through a shared filesystem", str(exc).splitlines()[0])
-            ray.shutdown()
+    ray.init(**common)
+    if os.environ.get("RAYTRAIN_NB_WORKING_DIR", "1") == "0":
+        return False
+    if not shipping.should_ship(False, ray.nodes(), this_machine_addresses()):
+        logger.debug("every node of the cluster at %s runs on this machine: the folder is used in place", address)
+        return False
+    selection = shipping.select(os.getcwd(), secret_files=_secret_files(),
+                                include_gitignore=os.environ.get("RAY_RUNTIME_ENV_IGNORE_GITIGNORE", "0") != "1")
+    shipping.check_size(selection)
+    ray.shutdown()
+    try:
+        ray.init(runtime_env={"working_dir": selection.folder, "excludes": list(selection.excludes)}, **common)
+        logger.debug("shipped %d files (%.1f MB) of %s to the cluster", len(selection.files),
+                     selection.size / 1e6, selection.folder)
+        return True
+    except Exception as exc:  # noqa: BLE001 - e.g. the upload failed
+        if "timed out" in str(exc).lower():
+            raise
+        logger.warning("the notebook's folder was not shipped to the workers (%s); modules in it are "
+                       "importable on workers only through a shared filesystem", str(exc).splitlines()[0])
+        ray.shutdown()
     ray.init(**common)
     return False
 
