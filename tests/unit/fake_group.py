@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional
 
+from raytrain_nb import GroupState, WorkerStatus
 from raytrain_nb._internal.errors import GroupError
-from raytrain_nb._internal.group.group import GroupState, WorkerStatus
 
 
 class FakeGroup:

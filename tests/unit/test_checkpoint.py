@@ -14,10 +14,8 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from raytrain_nb._internal.checkpoint import storage
 from raytrain_nb._internal.checkpoint.checkpoint import Checkpoint
-from raytrain_nb._internal.errors import CheckpointError
 from raytrain_nb._internal.checkpoint.staging import COMMIT_MARKER, METADATA_FILE, atomic_dir, begin_dir
-
-
+from raytrain_nb._internal.errors import CheckpointError
 
 
 @pytest.fixture(params=["local", "memory"])

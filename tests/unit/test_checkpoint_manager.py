@@ -17,12 +17,8 @@ from raytrain_nb._internal.checkpoint.checkpoint import Checkpoint
 from raytrain_nb._internal.checkpoint.index import list_runs
 from raytrain_nb._internal.checkpoint.manager import CheckpointManager
 from raytrain_nb._internal.checkpoint.metrics_log import METRICS_FILE, append_metrics, read_metrics
-from raytrain_nb._internal.errors import CheckpointError
 from raytrain_nb._internal.checkpoint.staging import atomic_dir, list_committed
-
-
-
-
+from raytrain_nb._internal.errors import CheckpointError
 
 
 def save(mgr, kind="reported", metrics=None, name=None, data=b"weights"):

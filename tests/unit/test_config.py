@@ -1,7 +1,7 @@
 import pytest
 
-from raytrain_nb._internal.group.config import GroupConfig
 from raytrain_nb._internal.errors import GroupError, ResourceError
+from raytrain_nb._internal.group.config import GroupConfig
 from raytrain_nb._internal.group.placement import check_feasible
 
 

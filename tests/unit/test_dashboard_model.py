@@ -1,8 +1,8 @@
 """The dashboard's model without widgets: progress, rates, series, button rules."""
 from __future__ import annotations
 
-from raytrain_nb._internal.group.group import WorkerStatus
-from raytrain_nb.notebook.dashboard.model import (DashboardModel, Situation, button_states, format_metrics)
+from raytrain_nb import WorkerStatus
+from raytrain_nb.notebook.dashboard.model import DashboardModel, Situation, button_states, format_metrics
 
 
 def _status(rank: int, state: str = "idle", pid: int = 0, error: str = "") -> WorkerStatus:

@@ -2,8 +2,7 @@ import pickle
 
 import pytest
 
-from raytrain_nb._internal.errors import (RankFailure, WorkerError, format_ranks, is_collective_failure,
-                                          merge_failures)
+from raytrain_nb._internal.errors import RankFailure, WorkerError, format_ranks, is_collective_failure, merge_failures
 
 
 def test_identical_failures_merge_and_keep_rank_order():

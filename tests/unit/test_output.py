@@ -1,5 +1,5 @@
-from raytrain_nb._internal.output import CollectSink, Labeller, route
 from raytrain_nb._internal.group.tables import format_status
+from raytrain_nb._internal.output import CollectSink, Labeller, route
 
 
 def test_labeller_prefixes_each_line_across_chunks():

@@ -16,17 +16,11 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 from fsspec.registry import known_implementations
 
-from raytrain_nb._internal.checkpoint import staging
-from raytrain_nb._internal.checkpoint import storage
-from raytrain_nb._internal.checkpoint import storage_check
-from raytrain_nb._internal.errors import CheckpointError, StorageError
+from raytrain_nb._internal.checkpoint import staging, storage, storage_check
 from raytrain_nb._internal.checkpoint.staging import (COMMIT_MARKER, STAGING_DIR, WRITING_MARKER, atomic_dir, begin_dir,
-                                           clean_staging, commit_dir, delete_dir, discard_dir, is_committed,
-                                           list_committed, read_manifest, verify_dir)
-
-
-
-
+                                                      clean_staging, commit_dir, delete_dir, discard_dir, is_committed,
+                                                      list_committed, read_manifest, verify_dir)
+from raytrain_nb._internal.errors import CheckpointError, StorageError
 
 
 def write(staged, rel, data=b"data"):

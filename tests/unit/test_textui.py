@@ -5,7 +5,7 @@ import io
 
 import pytest
 
-from raytrain_nb._internal.group.group import GroupState
+from raytrain_nb import GroupState
 from raytrain_nb.notebook import ui
 from raytrain_nb.notebook.dashboard.text import TextReporter
 

@@ -101,7 +101,8 @@ def test_torch_trainer_backend_and_storage_filesystem(tmp_path):
     pytest.importorskip("torch")
     import fsspec
 
-    from raytrain_nb.torch import TorchConfig as PublicTorchConfig, TorchTrainer
+    from raytrain_nb.torch import TorchConfig as PublicTorchConfig
+    from raytrain_nb.torch import TorchTrainer
 
     assert PublicTorchConfig is TorchConfig
     assert TorchTrainer(loop).backend == "gloo"

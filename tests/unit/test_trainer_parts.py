@@ -9,13 +9,13 @@ import types
 import pytest
 
 from raytrain_nb import Result, ScalingConfig
-from raytrain_nb._internal.train import elastic
-from raytrain_nb._internal.group import placement
-from raytrain_nb._internal.train.callbacks import (CallbackRunner, CSVLoggerCallback, JsonLoggerCallback,
-                                             TensorBoardCallback, TrainRunContext, UserCallback)
 from raytrain_nb._internal.errors import RankFailure, ResourceError, WorkerError
+from raytrain_nb._internal.group import placement
 from raytrain_nb._internal.group.slots import Slot, SlotTable
 from raytrain_nb._internal.group.state import SlotState
+from raytrain_nb._internal.train import elastic
+from raytrain_nb._internal.train.callbacks import (CallbackRunner, CSVLoggerCallback, JsonLoggerCallback,
+                                                   TensorBoardCallback, TrainRunContext, UserCallback)
 from raytrain_nb._internal.train.progress import ProgressLine, ReportCollector, TrainSink, summarize
 
 

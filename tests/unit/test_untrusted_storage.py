@@ -15,8 +15,8 @@ from raytrain_nb._internal.checkpoint import staging, storage
 from raytrain_nb._internal.checkpoint.checkpoint import Checkpoint
 from raytrain_nb._internal.checkpoint.manager import INDEX_FILE, CheckpointManager
 from raytrain_nb._internal.checkpoint.metrics_log import METRICS_FILE, append_metrics, read_metrics
-from raytrain_nb._internal.checkpoint.staging import (COMMIT_MARKER, STAGING_DIR, WRITING_MARKER, atomic_dir,
-                                                      begin_dir, clean_leftovers, list_committed, read_manifest)
+from raytrain_nb._internal.checkpoint.staging import (COMMIT_MARKER, STAGING_DIR, WRITING_MARKER, atomic_dir, begin_dir,
+                                                      clean_leftovers, list_committed, read_manifest)
 from raytrain_nb._internal.checkpoint.storage import check_run_name
 from raytrain_nb._internal.errors import CheckpointError
 

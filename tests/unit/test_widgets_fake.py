@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
+from raytrain_nb import GroupState
 from raytrain_nb._internal.errors import GroupError
-from raytrain_nb._internal.group.group import GroupState
 from raytrain_nb.notebook.dashboard.actions import act
 from raytrain_nb.notebook.dashboard.view import Dashboard
 
