@@ -47,6 +47,7 @@ def test_a_set_missing_a_rank_is_discarded_and_a_complete_one_committed_when_the
     upload(run.url, 1, 0, 2, tmp_path)
     upload(run.url, 1, 1, 2, tmp_path)  # every rank of the 2-rank world uploaded: every rank reported
     upload(run.url, 2, 0, 2, tmp_path)  # rank 1 died before its report()
+    run.close()  # the kernel ended
     reopened = RunStorage(root, "r1")  # a new kernel (or the trainer's next attempt) opens the run
     assert reported_names(reopened) == ["checkpoint_000001"]
     assert reported.pending_names(reopened.url) == []  # the incomplete set is gone, not committed later
@@ -76,6 +77,7 @@ def test_every_rank_reported_but_the_driver_crashed_before_the_commit(root, tmp_
     run = RunStorage(root, "r4")
     upload(run.url, 1, 0, 2, tmp_path)
     reported.mark_complete(reported.report_staging(run.url, "checkpoint_000001"), 2, {"step": 1})
+    run.close()  # the driver crashed before its commit
     reopened = RunStorage(root, "r4")
     assert reported_names(reopened) == ["checkpoint_000001"]
     assert reopened.manager.list("reported")[0].metrics == {"step": 1}
@@ -91,6 +93,7 @@ def test_a_leftover_committed_late_does_not_become_the_newest(root, tmp_path):
     run.recover()  # a restart commits the leftover after the newer one
     assert sorted(reported_names(run)) == ["checkpoint_000002", "checkpoint_000003"]
     assert run.manager.latest("reported").name == "checkpoint_000003"
+    run.close()
     assert RunStorage(root, "r5").manager.latest("reported").name == "checkpoint_000003"
 
 
@@ -102,6 +105,7 @@ def test_a_rank_whose_record_died_with_it_is_known_to_have_reported_by_its_ledge
     ledger = reported.ReportLedger(run.url, 1)
     ledger.add(1)  # rank 1 reported 1, then was killed before the driver polled its record, before report 2
     ledger.close()
+    run.close()
     reopened = RunStorage(str(tmp_path / "runs"), "r6")
     assert reported_names(reopened) == ["checkpoint_000001"]
     assert reported.pending_names(reopened.url) == [] and reopened.report_base == 3
