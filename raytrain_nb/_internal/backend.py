@@ -244,8 +244,7 @@ def deferred_ddp(module: Any, kwargs: Dict[str, Any]) -> Any:
     same object, when the group forms.
     """
     import torch  # torch: loaded on first use, not on import raytrain_nb
-    # torch: loaded on first use, not on import raytrain_nb
-    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.nn.parallel import DistributedDataParallel as DDP  # torch: as above
 
     shell = DDP.__new__(DDP)
     torch.nn.Module.__init__(shell)

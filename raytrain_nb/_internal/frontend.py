@@ -3,7 +3,7 @@
 The core offers the hook; the layer above registers itself, as the output sink does
 (:class:`~raytrain_nb._internal.output.OutputSink`). ``raytrain_nb/__init__.py`` registers the
 notebook layer's hooks, so they are there whenever the package is imported; without them
-(:func:`reset` in tests, or a build without the notebook layer) ``group.dashboard()`` says what
+(``register(None)``, or a build without the notebook layer) ``group.dashboard()`` says what
 is missing and ``fit()`` shows text progress.
 """
 from __future__ import annotations
@@ -39,11 +39,6 @@ def register(frontend: Optional[Frontend]) -> None:
     """Install ``frontend`` (None removes it)."""
     global _FRONTEND
     _FRONTEND = frontend
-
-
-def reset() -> None:
-    """Remove the registered front end."""
-    register(None)
 
 
 def dashboard(group: Any, **options: Any) -> Any:

@@ -24,6 +24,7 @@ import uuid
 from typing import Any, Dict, Optional
 
 from ..errors import RunInUseError
+from .staging import pid_alive
 from .storage import is_local, join, resolve, to_url
 
 logger = logging.getLogger(__name__)
@@ -34,15 +35,6 @@ RENEW_S = 10.0
 #: A lease not renewed for this long is taken over (its owner is gone).
 STALE_S = 60.0
 
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class RunLease:
@@ -111,7 +103,7 @@ class RunLease:
         if age > STALE_S:
             return f"it was last renewed {age:.0f} s ago (more than {STALE_S:g} s)"
         if held.get("host") == socket.gethostname() and isinstance(held.get("pid"), int) \
-                and held["pid"] != os.getpid() and not _pid_alive(held["pid"]):
+                and held["pid"] != os.getpid() and not pid_alive(held["pid"]):
             return f"its owner (pid {held['pid']} on this machine) has ended"
         return None
 

@@ -42,7 +42,7 @@ class RunStorage:
     def _open(self, num_to_keep: Optional[int], score_attribute: Optional[str], score_order: str) -> None:
         """Load the index, settle what a crash left, clean leftovers (the lease is held)."""
         self.manager = CheckpointManager(self.url, num_to_keep, score_attribute, score_order)
-        self.report_base = self._next_report_number()
+        self.report_base = 1  # recover() below moves it past every index the run used
         self._pending: Dict[str, Dict[str, Any]] = {}  # report name -> ranks that reported it, files, metrics
         self._lock = threading.Lock()
         self.background_error: Optional[str] = None
@@ -54,10 +54,10 @@ class RunStorage:
         """Give the run's lease back: another writer may open it now (idempotent)."""
         self.lease.release()
 
-    def _next_report_number(self) -> int:
-        """One past the highest report index the run has used: committed, or still in storage."""
+    def _next_report_number(self, pending: Sequence[str]) -> int:
+        """One past the highest report index the run has used: committed, or still in storage (``pending``)."""
         used = [reported.report_index(e.name) for e in self.manager.list("reported")]
-        used += [reported.report_index(n) for n in reported.pending_names(self.url)]
+        used += [reported.report_index(n) for n in pending]
         return max((i for i in used if i is not None), default=0) + 1
 
     def check_shared(self, on_workers: Callable[[str, str], Any], num_workers: int) -> None:
@@ -135,7 +135,7 @@ class RunStorage:
         restart; afterwards the next report index is past every index the run used.
         """
         names = reported.pending_names(self.url)
-        self.report_base = max(self.report_base, self._next_report_number())
+        self.report_base = max(self.report_base, self._next_report_number(names))
         with self._lock:
             self._pending.clear()  # reports of the attempt that failed: their sets are settled below
         committed = []

@@ -361,13 +361,13 @@ def _abandoned(fs: AbstractFileSystem, path: str) -> Optional[str]:
         info = None
     pid = info.get("pid") if isinstance(info, dict) else None
     if isinstance(info, dict) and info.get("host") == socket.gethostname() and type(pid) is int and pid > 0:
-        return None if _alive(pid) else f"an interrupted write: its writer (pid {pid} on this host) is gone"
+        return None if pid_alive(pid) else f"an interrupted write: its writer (pid {pid} on this host) is gone"
     if time.time() - newest_mtime(fs, path) >= LEFTOVER_AGE_S:
         return f"an interrupted write of another host (or unreadable marker), untouched for {LEFTOVER_AGE_S:.0f}s"
     return None
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` of this host still exists."""
     try:
         os.kill(pid, 0)  # signal 0: only asks whether the process exists

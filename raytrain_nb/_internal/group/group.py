@@ -291,6 +291,7 @@ class WorkerGroup(FormationMixin, ExecutionMixin, LivenessMixin):
         Raises:
             GroupError / ResourceError: a bad size, or not enough resources (names the numbers).
         """
+        self.run_storage.recover()
         rescale(self, num_workers)
 
     def shutdown(self) -> None:

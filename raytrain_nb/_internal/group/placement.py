@@ -124,8 +124,7 @@ def bundles_placed(places: List[Any]) -> List[bool]:
     One read of the node table, and one of each placement group's table, for all of them.
     """
     import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
-    # ray: loaded when a group or trainer runs, not on import raytrain_nb
-    from ray.util.placement_group import placement_group_table
+    from ray.util.placement_group import placement_group_table  # ray: as above
 
     if not places:
         return []

@@ -112,10 +112,9 @@ def decide(group: "WorkerGroup", exc: WorkerError, scaling: "ScalingConfig") -> 
 def carry_out(group: "WorkerGroup", decision: Decision) -> None:
     """Act on a decision (never for :class:`Recreate`, which the trainer does by starting a group).
 
-    First the checkpoints whose every upload finished just before the failure are committed,
-    so the next attempt resumes from the newest one.
+    The group's restart and rescale first settle the reported checkpoints the failure left, so the
+    next attempt resumes from the newest complete one.
     """
-    group.run_storage.recover()
     if isinstance(decision, Restart):
         group.restart()
     elif isinstance(decision, Resize):

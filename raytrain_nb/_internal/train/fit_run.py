@@ -251,8 +251,7 @@ class FitRun:
                     decision = elastic.decide(group, exc, self.scaling)
                     self._notice(f"{why}: {decision.reason}; the loop runs again from the newest checkpoint")
                 if isinstance(decision, elastic.Recreate):
-                    group.run_storage.recover()
-                    group.shutdown()
+                    group.shutdown()  # the new group's run storage settles what the failure left
                     self.group = None
                     self._start_group()
                 else:
