@@ -33,6 +33,7 @@ _LAZY = {
     "RaytrainNbError": ("._internal.errors", "RaytrainNbError"),
     "GroupError": ("._internal.errors", "GroupError"),
     "ResourceError": ("._internal.errors", "ResourceError"),
+    "RecoveryError": ("._internal.errors", "RecoveryError"),
     "WorkerError": ("._internal.errors", "WorkerError"),
     "StorageError": ("._internal.errors", "StorageError"),
     "CheckpointError": ("._internal.errors", "CheckpointError"),

@@ -1,6 +1,7 @@
-"""One way for a test to wait: for a condition, with a deadline, saying what it waited for."""
+"""How a test waits: for a condition, or for a step that must not hang; each with a deadline, saying what."""
 from __future__ import annotations
 
+import threading
 import time
 from typing import Callable, TypeVar
 
@@ -21,3 +22,26 @@ def wait_for(condition: Callable[[], T], timeout: float, what: str, interval: fl
         if time.monotonic() >= deadline:
             raise AssertionError(f"waited {timeout:g} s for {what}; it did not happen")
         time.sleep(interval)
+
+
+def bounded(timeout: float, what: str, fn: Callable[[], T]) -> T:
+    """``fn()``, which must return (or raise) within ``timeout`` seconds: a hang fails the test, naming ``what``.
+
+    ``fn`` runs in a daemon thread; its exception is raised here.
+    """
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - raised in the test's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name=f"bounded: {what}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise AssertionError(f"{what} did not return within {timeout:g} s (a hang)")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]

@@ -16,7 +16,7 @@ import os
 import socket
 import threading
 import weakref
-from typing import Any, Callable, Dict, Optional, Set
+from typing import Any, Callable, Dict, Optional, Sequence, Set
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +77,7 @@ class ProcessGroupState:
         self.deferred = False  # True while a new rank replays setup cells before joining
         self.forwards = 0  # forward passes of prepared models (a cell with any is not a setup cell)
         self._master_store: Any = None
+        self.phase = ""  # the step of (re-)forming this rank is in, for the driver's liveness check
 
     @property
     def active(self) -> bool:
@@ -180,23 +181,35 @@ class ProcessGroupState:
             self._sockets = {}
 
     def join(self, backend: str, master_addr: str, master_port: int, rank: int, world_size: int,
-             sync: Optional[Callable[[], Any]] = None) -> int:
+             sync: Optional[Callable[[], Sequence[Any]]] = None) -> int:
         """Leave any old process group, form the new one, and bring this rank's state in line.
 
-        After the group forms, ``sync()`` runs (the worker broadcasts its replicated state from a
-        source rank there); then DDP wrappers made by ``prepare_model`` are re-bound in place and
-        samplers made by ``prepare_data_loader`` re-sharded for the new world size. Returns the
-        number of DDP wrappers re-bound.
+        After the group forms, ``sync()`` runs (the worker brings its replicated state in line with a
+        source rank there) and returns the DDP wrappers to re-bind, in an order every rank agreed on;
+        without ``sync``, every wrapper made by ``prepare_model`` is. Samplers made by
+        ``prepare_data_loader`` are re-sharded for the new world size. Returns the number of DDP
+        wrappers re-bound.
         """
         self.destroy()
         self.deferred = False
-        self.init(backend, master_addr, master_port, rank, world_size)
-        if backend == "none":
-            return 0
-        if sync is not None:
-            sync()
-        self.reshard(rank, world_size)
-        return self.rewrap_all()
+        try:
+            self.phase = "forming the process group"
+            self.init(backend, master_addr, master_port, rank, world_size)
+            if backend == "none":
+                return 0
+            self.phase = "bringing state in line"
+            wrappers = list(sync()) if sync is not None else list(self._wrappers)
+            self.reshard(rank, world_size)
+            self.phase = "re-binding DDP models"
+            for wrapper in wrappers:
+                rebind_ddp(wrapper)
+            self.phase = "finishing"
+            import torch.distributed as dist  # torch: loaded on first use, not on import raytrain_nb
+
+            dist.barrier()  # every rank leaves the step together: one still in it is a protocol error
+            return len(wrappers)
+        finally:
+            self.phase = ""
 
     # -- objects made by prepare_model / prepare_data_loader -------------------------------
 
@@ -210,13 +223,6 @@ class ProcessGroupState:
 
     def track_sampler(self, sampler: Any) -> None:
         self._samplers.add(sampler)
-
-    def rewrap_all(self) -> int:
-        n = 0
-        for wrapper in list(self._wrappers):
-            rebind_ddp(wrapper)
-            n += 1
-        return n
 
     def reshard(self, rank: int, world_size: int) -> None:
         """Point every tracked DistributedSampler at this rank's shard of the new world."""

@@ -39,6 +39,11 @@ class TransitionError(GroupError):
     """A group was asked to change state in a way its state machine does not allow (a bug)."""
 
 
+class RecoveryError(GroupError):
+    """A restart or rescale cannot give a new rank what its peers hold (an object that cannot be
+    copied), or the ranks did not take one step of re-forming together."""
+
+
 class ResourceError(GroupError):
     """The cluster cannot place what was asked."""
 

@@ -8,9 +8,11 @@ from typing import Any, Dict, List, Sequence
 from .. import cluster
 from ..errors import GroupError
 from ..worker.actor import remote_worker_class
+from .monitor import DEFAULT_HEARTBEAT_TIMEOUT_S
 from .ranks import assign_ranks, rank_infos
 from .slots import Slot
 from .state import SlotState
+from .steps import await_step
 
 logger = logging.getLogger(__name__)
 
@@ -62,12 +64,12 @@ class FormationMixin:
             slot.rank_info = info
         return infos
 
-    def _rendezvous(self, method: str, src: int = 0, fresh: Sequence[int] = ()) -> None:
+    def _rendezvous(self, method: str, src: int = 0, fresh: Sequence[int] = ()) -> List[Any]:
         """Form the process group over ``self.slots`` in rank order.
 
         ``setup`` on a new group; ``join`` to re-form one (after an interrupt,
         a failure or a resize), broadcasting replicated state from rank ``src``;
-        ranks in ``fresh`` also receive the plain variables they lack.
+        ranks in ``fresh`` also receive what they lack. Returns each rank's answer.
         """
         infos = self._contexts()
         master = self.slots[0]
@@ -85,11 +87,22 @@ class FormationMixin:
             else:
                 refs.append(slot.actor.join.remote(ctx, env, addr, port, src, rank in fresh,
                                                    sorted(self.rank_specific)))
-        results = self._get(refs, self.start_timeout_s, "form the process group of")
-        for slot, res in zip(self.slots, results):
+        step = "_setup" if method == "setup" else "_join"
+        results = await_step(list(self.slots), refs, step, self.start_timeout_s, self._heartbeat_s())
+        for rank, (slot, res) in enumerate(zip(self.slots, results)):
             if method == "setup":
                 slot.device = res["device"]
+            for name in res.get("missing", []) if isinstance(res, dict) else []:
+                line = f"rank {rank}: {name!r} was made in a cell that is not replayed and differs across " \
+                       "ranks, so no peer's copy is right; mark that cell --setup if new ranks need it"
+                logger.warning("%s", line)
+                self.replay_failures.append(line)
             slot.mark(SlotState.IDLE)
+        return results
+
+    def _heartbeat_s(self) -> float:
+        monitor = getattr(self, "_monitor", None)
+        return monitor.heartbeat_timeout_s if monitor is not None else DEFAULT_HEARTBEAT_TIMEOUT_S
 
     def _get(self, refs: List[Any], timeout: float, what: str) -> List[Any]:
         import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb

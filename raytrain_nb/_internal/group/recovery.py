@@ -1,17 +1,21 @@
 """Replacing dead workers and resizing a live group, keeping the warm state.
 
-A new worker rebuilds its namespace by replaying the group's setup cells with
-collectives deferred (``prepare_model`` returns a DDP object bound later);
-then every rank joins a new process group and the replicated state is
-broadcast from a live peer (see :mod:`.replicate`).
+A new worker rebuilds its namespace in two steps. It replays the group's setup cells, and the
+imports, functions and classes of every other cell, with collectives deferred (``prepare_model``
+returns a DDP object bound later). Then every rank joins a new process group, and a live peer
+sends the new rank every object replaying did not give it (a model built in a cell that also
+trained it, rebuilt later, held in a dict or an attribute...) and brings the replicated state in
+line (see the worker's ``replicate`` and ``transfer`` modules). When a new rank cannot get an
+object, the new workers go and the survivors stay as they were.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any, List, Sequence
+import re
+from typing import TYPE_CHECKING, Any, Dict, List, Sequence
 
-from ..errors import GroupError
+from ..errors import GroupError, RecoveryError
 from .placement import await_bundles, await_recorded_deaths, bundles_placed, check_cluster, reserve
 from .slots import Place, Slot
 from .state import GroupState, SlotState
@@ -46,8 +50,11 @@ def retire(slots: Sequence[Slot]) -> None:
         _kill(slot)
 
 
-def _prepare_new(group: "WorkerGroup", ranks: Sequence[int]) -> None:
-    """Set up the workers of ``ranks`` without joining, then replay the setup cells on them."""
+def _prepare_new(group: "WorkerGroup", ranks: Sequence[int]) -> Dict[int, List[str]]:
+    """Set up the workers of ``ranks`` without joining, then replay the cells on them.
+
+    Returns each rank's replay failures (one line each), to be judged once the rank joined (a cell that
+    used an object the rank receives from a peer on joining failed only for want of it)."""
     # The run directory first: report(checkpoint=...) and get_checkpoint() work on a new rank too.
     slots = group.slots
     group._get([slots[r].actor.set_storage.remote(group.run_storage.url) for r in ranks], 60, "start")
@@ -57,14 +64,27 @@ def _prepare_new(group: "WorkerGroup", ranks: Sequence[int]) -> None:
                                         group.backend, addr, 0, True) for r in ranks]
     for r, res in zip(ranks, group._get(refs, group.start_timeout_s, "start")):
         slots[r].device = res["device"]
-    cells = [(c.cell_id, c.source) for c in group.history if c.setup]
-    if cells:
-        failed = group._get([slots[r].actor.replay.remote(cells) for r in ranks], group.start_timeout_s,
-                            "replay the setup cells of")
-        for r, lines in zip(ranks, failed):
-            for line in lines:  # the rank still joins: the state broadcast follows
-                logger.warning("rank %d: replaying %s", r, line)
-                group.replay_failures.append(f"rank {r}: {line}")
+    cells = [(c.cell_id, c.source, c.setup) for c in group.history]
+    if not cells:
+        return {}
+    failed = group._get([slots[r].actor.replay.remote(cells) for r in ranks], group.start_timeout_s,
+                        "replay the cells of")
+    return dict(zip(ranks, failed))
+
+
+def _join_new(group: "WorkerGroup", src: int, ranks: Sequence[int], failed: Dict[int, List[str]]) -> None:
+    """Re-form the group with the new ``ranks``; then report the replay failures that joining did not
+    explain (a NameError for a name the rank then received from its peer is not one)."""
+    results = group._rendezvous("join", src=src, fresh=ranks)
+    for r, lines in failed.items():
+        received = set(results[r].get("received", ())) if isinstance(results[r], dict) else set()
+        for line in lines:
+            name = re.search(r"NameError: name '(\w+)' is not defined", line)
+            if name and name.group(1) in received:
+                logger.debug("rank %d: replaying %s (received on joining)", r, line)
+                continue
+            logger.warning("rank %d: replaying %s", r, line)
+            group.replay_failures.append(f"rank {r}: {line}")
 
 
 def _survivor(group: "WorkerGroup", new: Sequence[int]) -> int:
@@ -109,9 +129,11 @@ def replace_ranks(group: "WorkerGroup", ranks: List[int]) -> None:
                 slots.spares.append(group._spawn(*old.place))  # refill in the background
                 slots.spares[-1].actor.warm.remote()
         group._describe([slots[r] for r in ranks])
-        _prepare_new(group, ranks)
-        group._rendezvous("join", src=src, fresh=ranks)
+        _join_new(group, src, ranks, _prepare_new(group, ranks))
     except BaseException:
+        for r in ranks:  # the new workers go; the survivors keep their state (and can rescale to fewer)
+            _kill(slots[r])
+            slots[r].mark(SlotState.DEAD, "its replacement failed to start")
         group.transition(GroupState.FAILED)
         raise
     group.transition(GroupState.IDLE)
@@ -168,16 +190,35 @@ def rescale(group: "WorkerGroup", num_workers: int) -> None:
         new = [group._spawn(pg, bundle) for pg, bundle in places]
         slots.assign(keep + new)
         new_ranks = list(range(len(keep), num_workers))
+        failed: Dict[int, List[str]] = {}
         if new:
             group._describe(new)
-            _prepare_new(group, new_ranks)
-        group._rendezvous("join", src=0, fresh=new_ranks)
+            failed = _prepare_new(group, new_ranks)
+        _join_new(group, 0, new_ranks, failed)
         group.config = dataclasses.replace(group.config, num_workers=num_workers)
+    except RecoveryError:
+        _back_to(group, keep, new)
+        raise
     except BaseException:
         group.transition(GroupState.FAILED)
         raise
     group.transition(GroupState.IDLE)
     logger.info("rescaled to %d workers", num_workers)
+
+
+def _back_to(group: "WorkerGroup", keep: List[Slot], new: List[Slot]) -> None:
+    """After a rescale the new ranks could not join: drop them and re-form the kept workers as they were."""
+    for slot in new:
+        _kill(slot)
+        group.slots.free.append(slot.place)
+    group.slots.assign(keep)
+    try:
+        group._rendezvous("join", src=0)
+    except BaseException:
+        group.transition(GroupState.FAILED)
+        raise
+    group.config = dataclasses.replace(group.config, num_workers=len(keep))
+    group.transition(GroupState.IDLE)
 
 
 def recover_and_retry(group: "WorkerGroup", exc: Exception, policy: str, attempt: int, max_failures: int,

@@ -6,3 +6,24 @@ POLL_INTERVAL_S = 0.1
 INTERRUPT_WAIT_S = 2.0
 #: Deadline of one control call (release, poll, stack) to a rank that should answer at once.
 CONTROL_CALL_S = 5.0
+#: Deadline of ``status()``'s ping of every rank, all together.
+PING_S = 3.0
+#: Deadline of ``interrupt()`` on every rank, all together (a rank waits up to ``INTERRUPT_WAIT_S`` itself).
+INTERRUPT_CALL_S = INTERRUPT_WAIT_S + 3.0
+#: Deadline of ``push()`` on every rank, all together.
+PUSH_S = 120.0
+#: Deadline of ``pull()`` on every asked rank, all together (a large value takes a while to copy).
+PULL_S = 300.0
+#: After Ctrl-C in ``BackgroundRun.wait``: how long the background cell has to end before the notebook is
+#: given back (its ranks stop, then the group may re-form its process group).
+STOP_WAIT_S = 30.0
+#: Reading the answers of ranks that already answered a snapshot request (ready: they are only fetched).
+SNAPSHOT_ANSWER_S = 30.0
+#: A snapshot taken between cells, and a rollback: writing or reading every rank's state in storage.
+SNAPSHOT_WRITE_S = 600.0
+#: A collective step (forming, joining): how often the ranks still in it are checked, and how long a rank
+#: may be out of step (idle, busy with something else, or finished while its peers wait) before it is an error.
+STEP_CHECK_S = 1.0
+STEP_GRACE_S = 5.0
+#: A wait longer than this says what it waits for.
+SAY_WAITING_S = 5.0

@@ -16,24 +16,24 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence
 
-from ..backend import free_port, process_group_state
+from ..backend import process_group_state
 from ..errors import RankFailure, failure_from_exception
 from . import cell as cellmod
 from .capture import OutputBuffer, OutputCapture
 from .cell_thread import CellThread, to_cpu
 from .checkpointing import CheckpointingWorker
 from .display import WorkerDisplay
+from .forming import FormingWorker
 from .outcome import CellOutcome
-from .replicate import sync_replicated
-from .session import TrainContext, WorkerSession, set_session
+from .session import WorkerSession
 from .snapshot import fingerprint
 
 logger = logging.getLogger(__name__)
 
 
-class Worker(CheckpointingWorker):
+class Worker(FormingWorker, CheckpointingWorker):
     """One rank of a :class:`~raytrain_nb.WorkerGroup` (a Ray actor when spawned)."""
 
     def __init__(self, cwd: Optional[str] = None, sys_path: Sequence[str] = (),
@@ -103,75 +103,6 @@ class Worker(CheckpointingWorker):
             out.update(node_id="local", node_ip="127.0.0.1", gpu_ids=[])
         out["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
         return out
-
-    def free_port(self) -> int:
-        return free_port()
-
-    def open_store(self, master_addr: str, world_size: int) -> int:
-        """Start the process group's rendezvous server on this (rank 0) worker; returns its port."""
-        return self._cells.call(self.pg.open_store, master_addr, world_size)
-
-    def setup(self, context: Dict[str, Any], env: Dict[str, str], backend: str,
-              master_addr: str, master_port: int, defer: bool = False) -> Dict[str, Any]:
-        """Set rank variables, then join the process group (on the cell thread).
-
-        With ``defer`` the process group is joined later (:meth:`join`), after
-        the worker replayed the group's setup cells.
-        """
-        return self._cells.call(self._setup, context, env, backend, master_addr, master_port, defer)
-
-    def _setup(self, context: Dict[str, Any], env: Dict[str, str], backend: str,
-               master_addr: str, master_port: int, defer: bool) -> Dict[str, Any]:
-        self._set_context(context, env)
-        device = "cpu"
-        self.pg.backend = backend
-        if backend != "none":
-            import torch  # torch: loaded on first use, not on import raytrain_nb
-
-            if torch.cuda.is_available() and os.environ.get("CUDA_VISIBLE_DEVICES", "") not in ("", "-1"):
-                torch.cuda.set_device(0)
-                device = f"cuda:{torch.cuda.current_device()} ({torch.cuda.get_device_name()})"
-            if defer:
-                self.pg.deferred = True
-            else:
-                self.pg.init(backend, master_addr, master_port, self.rank, context["world_size"])
-        return {"device": device}
-
-    def _set_context(self, context: Dict[str, Any], env: Dict[str, str]) -> None:
-        for key, value in env.items():  # an empty value removes the variable
-            if value:
-                os.environ[key] = value
-            else:
-                os.environ.pop(key, None)
-        ctx = TrainContext(**context)
-        self.rank = ctx.world_rank
-        if self.session is None:
-            self.session = WorkerSession(ctx)
-        else:
-            self.session.context = ctx
-        set_session(self.session)
-        self._attach_session()
-
-    def join(self, context: Dict[str, Any], env: Dict[str, str], master_addr: str, master_port: int,
-             src: int = 0, fresh: bool = False, rank_specific: Sequence[str] = ()) -> int:
-        """(Re-)form the process group at the given rank and size; sync state from rank ``src``."""
-        return self._cells.call(self._join, context, env, master_addr, master_port, src, fresh, rank_specific)
-
-    def _join(self, context: Dict[str, Any], env: Dict[str, str], master_addr: str, master_port: int,
-              src: int, fresh: bool, rank_specific: Sequence[str]) -> int:
-        self._set_context(context, env)
-        return self.pg.join(self.pg.backend, master_addr, master_port, self.rank, context["world_size"],
-                            sync=lambda: sync_replicated(self.namespace, src=src, fresh=fresh,
-                                                         rank_specific=rank_specific))
-
-    def replay(self, cells: Sequence[Tuple[int, str]]) -> List[str]:
-        """Re-run setup cells on a new worker (collectives deferred); returns the failures, one line each."""
-        failed = []
-        for cell_id, source in cells:
-            failure = self._cells.call(self._run_cell, source, cell_id, False).failure
-            if failure is not None:
-                failed.append(f"cell {cell_id}: {failure.type_name}: {failure.message}")
-        return failed
 
     # -- running user code ---------------------------------------------------------------
 
@@ -339,6 +270,11 @@ class Worker(CheckpointingWorker):
             "running": running,
         }
 
+    def activity(self) -> Dict[str, Any]:
+        """What the cell thread does now: ``{"call": "_join"|"_setup"|"_run_cell"|...|None, "phase": ...}``
+        (the driver checks that every rank it waits for in a collective step is in that step)."""
+        return {"call": self._cells.current, "phase": self.pg.phase}
+
     def release(self) -> bool:
         """Break this rank's process group so peers blocked in a collective fail at once."""
         return self.pg.break_()
@@ -371,7 +307,7 @@ class Worker(CheckpointingWorker):
         return {"rank": self.rank, "state": "stuck", "stack": self.stack()}
 
 
-CONTROL_METHODS = ("ping", "poll", "release", "stack", "interrupt", "request_snapshot", "cancel_snapshot",
+CONTROL_METHODS = ("ping", "poll", "activity", "release", "stack", "interrupt", "request_snapshot", "cancel_snapshot",
                    "snapshot_wait", "pull")  # pull: reading a value works while a cell runs
 for _name in CONTROL_METHODS:  # what ray.method(concurrency_group="control") sets
     getattr(Worker, _name).__ray_concurrency_group__ = "control"

@@ -33,6 +33,30 @@ def transform(source: str) -> str:
     return TransformerManager().transform_cell(source)
 
 
+_DEFINITIONS = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def definitions(source: str) -> str:
+    """Only the top-level imports, functions and classes of a cell (what a new rank takes from a cell
+    that trained: the objects it made come from a live peer), other lines blanked so line numbers stay
+    the cell's. Empty when the cell has none or does not parse."""
+    code = transform(source)
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return ""
+    lines = code.splitlines()
+    keep = [False] * len(lines)
+    for node in tree.body:
+        if isinstance(node, _DEFINITIONS):
+            first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+            for i in range(first - 1, (node.end_lineno or node.lineno)):
+                keep[i] = True
+    if not any(keep):
+        return ""
+    return "\n".join(line if k else "" for line, k in zip(lines, keep)) + "\n"
+
+
 def register_source(filename: str, source: str) -> None:
     """Make ``filename`` resolvable by linecache so tracebacks show the cell."""
     lines = source.splitlines(keepends=True)

@@ -14,6 +14,8 @@ class CellThread:
 
     def __init__(self) -> None:
         self._queue: "queue.Queue[Any]" = queue.Queue()
+        #: The name of the call running now (``_join``, ``_run_cell``...), None when idle.
+        self.current: Optional[str] = None
         self._thread = threading.Thread(target=self._loop, name="rtnb-cell", daemon=True)
         self._thread.start()
 
@@ -25,10 +27,13 @@ class CellThread:
         while True:
             fn, args, fut = self._queue.get()
             if fut.set_running_or_notify_cancel():
+                self.current = getattr(fn, "__name__", "call")
                 try:
                     fut.set_result(fn(*args))
                 except BaseException as exc:  # noqa: BLE001 - handed to the caller
                     fut.set_exception(exc)
+                finally:
+                    self.current = None
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> "concurrent.futures.Future[Any]":
         fut: "concurrent.futures.Future[Any]" = concurrent.futures.Future()

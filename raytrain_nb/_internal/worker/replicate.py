@@ -1,16 +1,23 @@
 """Bring every rank's replicated state in line with one rank's, after a process group (re)forms.
 
-Used after an interrupt or a divergent error (ranks stopped at different
-points of a step), when a replacement rank joins (it rebuilt its objects by
-replaying setup cells but has fresh values), and when the group is rescaled.
+Used after an interrupt or a divergent error (ranks stopped at different points of a step), when
+a replacement rank joins, and when the group is rescaled. Every step is agreed first: the ranks
+exchange what they hold (an all-gather), and each then takes the same decisions from the same
+data, so no rank enters a collective its peers skip. A new rank first receives from the source
+rank every object replaying the setup cells did not give it (see :mod:`.transfer`); then models,
+optimizers, schedulers and scalers are broadcast; then the DDP wrappers every rank holds at the
+same path are re-bound, in one order.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..errors import SnapshotError
-from .snapshot import find_tracked, fingerprint
+from ..errors import RecoveryError
+from . import transfer
+from .snapshot import Tracked, find_tracked, fingerprint
+from .walk import top_name
 
 logger = logging.getLogger(__name__)
 
@@ -19,56 +26,145 @@ def _shapes(module: Any) -> List[Tuple[str, Tuple[int, ...], str]]:
     return [(k, tuple(v.shape), str(v.dtype)) for k, v in module.state_dict().items()]
 
 
-def sync_replicated(namespace: Dict[str, Any], src: int, fresh: bool,
-                    rank_specific: Sequence[str] = ()) -> Dict[str, int]:
-    """Broadcast rank ``src``'s modules, optimizers, schedulers and scalers to every rank.
+def _structure(namespace: Dict[str, Any], tracked: Tracked) -> Dict[str, str]:
+    """Top-level name -> digest of its type and of the tracked objects below it (their shapes)."""
+    parts: Dict[str, List[str]] = {n: [type(v).__qualname__] for n, v in namespace.items() if not n.startswith("_")}
+    for path, module in tracked.modules.items():
+        parts[top_name(path)].append(f"m {path} {type(module).__qualname__} {_shapes(module)}")
+    for path in tracked.wrappers:
+        parts[top_name(path)].append(f"w {path}")
+    for path, opt in tracked.optimizers.items():
+        shapes = [tuple(p.shape) for g in opt.param_groups for p in g["params"]]
+        parts[top_name(path)].append(f"o {path} {type(opt).__qualname__} {shapes}")
+    for kind, objs in (("s", tracked.schedulers), ("g", tracked.scalers)):
+        for path, obj in objs.items():
+            parts[top_name(path)].append(f"{kind} {path} {type(obj).__qualname__}")
+    return {n: hashlib.sha1("\n".join(p).encode()).hexdigest()[:16] for n, p in parts.items()}
 
-    Only objects every rank has under the same name (and, for modules, the same
-    parameter shapes) are synchronised. A ``fresh`` rank (a replacement or a new
-    rank) also receives rank ``src``'s plain variables (``step``, ``epoch``...),
-    except the ``rank_specific`` ones (seen to differ across ranks, like
-    ``rank``): those stay the fresh rank's own.
 
-    Returns:
-        Counts of what was synchronised, by kind.
-    """
-    import torch  # torch: loaded on first use, not on import raytrain_nb
-    import torch.distributed as dist  # torch: loaded on first use, not on import raytrain_nb
-
-    try:
-        tracked = find_tracked(namespace)
-    except SnapshotError as exc:  # an optimizer of an unnamed model: sync the rest
-        logger.warning("%s", exc)
-        tracked = find_tracked({k: v for k, v in namespace.items() if not isinstance(v, torch.optim.Optimizer)})
-    mine = {
-        "modules": {n: _shapes(m) for n, m in tracked.modules.items()},
+def _inventory(namespace: Dict[str, Any], fresh: bool) -> Tuple[Tracked, Dict[str, Any]]:
+    tracked = find_tracked(namespace, strict=False)  # an optimizer of an unnamed model: sync the rest
+    return tracked, {
+        "modules": {p: _shapes(m) for p, m in tracked.modules.items()},
+        "wrappers": {p: _shapes(tracked.modules.get(p, w.module)) for p, w in tracked.wrappers.items()},
         "optimizers": sorted(tracked.optimizers),
         "schedulers": sorted(tracked.schedulers),
         "scalers": sorted(tracked.scalers),
         "plain": sorted(fingerprint(namespace)),
-        "names": sorted(k for k in namespace if not k.startswith("_")),
+        "structure": _structure(namespace, tracked),
         "fresh": fresh,
     }
+
+
+def _gather(mine: Any) -> List[Any]:
+    import torch.distributed as dist  # torch: loaded on first use, not on import raytrain_nb
+
     everyone: List[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
+    return everyone
+
+
+def _agree(ok: bool, error: str) -> None:
+    """Every rank learns whether every rank succeeded; all raise the first error if not."""
+    errors = [e for e in _gather(None if ok else error) if e]
+    if errors:
+        raise RecoveryError(errors[0])
+
+
+def plan_transfer(everyone: List[Dict[str, Any]], src: int,
+                  rank_specific: Sequence[str]) -> Tuple[List[str], List[str], List[str]]:
+    """What the fresh ranks need from rank ``src``: ``(send, keep, cannot)``.
+
+    ``send``: names a fresh rank lacks or holds with another structure; ``keep``: names every fresh
+    rank holds as ``src`` does (sent as references to their own); ``cannot``: plain variables a fresh
+    rank lacks that differ across ranks (``rank``, a loss value...), so no peer's copy is right: the
+    fresh rank goes without them (and the driver says so).
+    """
+    ref = everyone[src]["structure"]
+    fresh = [e["structure"] for e in everyone if e["fresh"]]
+    differ = sorted(n for n in ref if any(f.get(n) != ref[n] for f in fresh))
+    skip = set(rank_specific)
+    cannot = [n for n in differ if n in skip and any(n not in f for f in fresh)]
+    send = [n for n in differ if n not in skip]
+    keep = sorted(n for n in ref if n not in differ and all(n in f for f in fresh))
+    return send, keep, cannot
+
+
+def _transfer(namespace: Dict[str, Any], everyone: List[Dict[str, Any]], src: int, fresh: bool,
+              rank_specific: Sequence[str], shards: Dict[str, Any],
+              deferred_ddp: Callable[..., Any]) -> Tuple[List[str], List[str]]:
+    import torch.distributed as dist  # torch: loaded on first use, not on import raytrain_nb
+
+    send, keep, cannot = plan_transfer(everyone, src, rank_specific)
+    if not send:
+        return cannot, []
+    box: List[Any] = [None]
+    if dist.get_rank() == src:
+        box = [transfer.pack(namespace, send, transfer.reference_tokens(namespace, keep, shards))]
+    dist.broadcast_object_list(box, src=src)
+    payload, problems = box[0]
+    if problems:
+        names = "; ".join(f"{n} ({why})" for n, why in sorted(problems.items()))
+        raise RecoveryError(f"a new rank cannot get {names} from rank {src}: make them in a cell marked "
+                            "--setup (%%distributed --setup), which new ranks replay")
+    error = ""
+    if fresh:
+        try:
+            namespace.update(transfer.unpack(payload, namespace, keep, shards, deferred_ddp))
+        except Exception as exc:  # noqa: BLE001 - every rank raises it after the agreement below
+            error = f"rank {dist.get_rank()} could not load {', '.join(send)} from rank {src}: " \
+                    f"{type(exc).__name__}: {exc}"
+    _agree(not error, error)
+    return cannot, send
+
+
+def sync_replicated(namespace: Dict[str, Any], src: int, fresh: bool, rank_specific: Sequence[str] = (),
+                    shards: Optional[Dict[str, Any]] = None,
+                    deferred_ddp: Optional[Callable[..., Any]] = None) -> Tuple[List[Any], List[str], List[str]]:
+    """Make every rank hold rank ``src``'s replicated state.
+
+    Returns:
+        The DDP wrappers to re-bind, in order; the names a fresh rank had to go without; the names it
+        received from rank ``src``.
+
+    A ``fresh`` rank (a replacement or a new rank) first receives what it lacks (see
+    :func:`plan_transfer`) and rank ``src``'s plain variables (``step``, ``epoch``...), except the
+    ``rank_specific`` ones (seen to differ across ranks). Then every module, optimizer, scheduler and
+    scaler every rank holds at the same path (modules: with the same shapes) is broadcast.
+
+    Raises:
+        RecoveryError: on every rank alike, when a fresh rank cannot get an object, naming it.
+    """
+    import torch  # torch: loaded on first use, not on import raytrain_nb
+    import torch.distributed as dist  # torch: loaded on first use, not on import raytrain_nb
+
+    _, mine = _inventory(namespace, fresh)
+    everyone = _gather(mine)
+    missing: List[str] = []
+    received: List[str] = []
+    if any(e["fresh"] for e in everyone):
+        missing, received = _transfer(namespace, everyone, src, fresh, rank_specific, shards or {}, deferred_ddp)
+        _, mine = _inventory(namespace, fresh)
+        everyone = _gather(mine)
+    tracked = find_tracked(namespace, strict=False)
     ref = everyone[src]
     counts = {"modules": 0, "objects": 0, "variables": 0}
-    for name, shapes in sorted(ref["modules"].items()):
-        if all(e["modules"].get(name) == shapes for e in everyone):
+    for path, shapes in sorted(ref["modules"].items()):
+        if all(e["modules"].get(path) == shapes for e in everyone):
             with torch.no_grad():
-                for tensor in tracked.modules[name].state_dict().values():
+                for tensor in tracked.modules[path].state_dict().values():
                     dist.broadcast(tensor, src=src)
             counts["modules"] += 1
         else:
-            logger.warning("model %r differs across ranks; not synchronised", name)
+            logger.warning("model %r differs across ranks; not synchronised", path)
     stateful = {**tracked.optimizers, **tracked.schedulers, **tracked.scalers}
     for kind in ("optimizers", "schedulers", "scalers"):
-        for name in ref[kind]:
-            if all(name in e[kind] for e in everyone):
-                box = [stateful[name].state_dict() if dist.get_rank() == src else None]
+        for path in ref[kind]:
+            if all(path in e[kind] for e in everyone):
+                box = [stateful[path].state_dict() if dist.get_rank() == src else None]
                 dist.broadcast_object_list(box, src=src)
                 if dist.get_rank() != src:
-                    stateful[name].load_state_dict(box[0])
+                    stateful[path].load_state_dict(box[0])
                 counts["objects"] += 1
     skip = set(rank_specific)
     wanted = sorted(n for n in ref["plain"] if n not in skip) if any(e["fresh"] for e in everyone) else []
@@ -78,4 +174,18 @@ def sync_replicated(namespace: Dict[str, Any], src: int, fresh: bool,
         if fresh:
             namespace.update(box[0])
         counts["variables"] = len(wanted)
-    return counts
+    logger.debug("synchronised %s", counts)
+    return agreed_wrappers(tracked, everyone), (missing if fresh else []), (received if fresh else [])
+
+
+def agreed_wrappers(tracked: Tracked, everyone: List[Dict[str, Any]]) -> List[Any]:
+    """The DDP wrappers every rank holds at the same path with the same shapes, in path order.
+
+    Only these are re-bound (re-binding is a collective): a wrapper some rank lacks stays unbound,
+    with a warning, rather than leave its peers waiting in DDP's constructor.
+    """
+    paths = sorted(tracked.wrappers)
+    agreed = [p for p in paths if all(e["wrappers"].get(p) == everyone[0]["wrappers"].get(p) for e in everyone)]
+    for path in sorted(set(paths) - set(agreed)):
+        logger.warning("the DDP model %r is not held alike by every rank; it is not re-bound", path)
+    return [tracked.wrappers[p] for p in agreed]

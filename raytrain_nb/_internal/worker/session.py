@@ -206,6 +206,11 @@ def _shard(name: str) -> Any:
     return _SHARDS[name]
 
 
+def dataset_shards() -> Dict[str, Any]:
+    """This worker's dataset iterators, by name (a new rank gets its own, never a peer's)."""
+    return dict(_SHARDS)
+
+
 def set_shards(per_rank: List[Dict[str, Any]]) -> List[str]:
     """On each worker: keep this rank's iterators (the same list goes to every rank)."""
     rank = get_context().get_world_rank()

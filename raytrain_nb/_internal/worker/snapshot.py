@@ -18,6 +18,7 @@ import random
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import SnapshotError
+from .walk import walk
 
 _PLAIN = (int, float, str, bool, type(None), bytes)
 
@@ -30,6 +31,7 @@ class Tracked:
     optimizers: Dict[str, Any]
     schedulers: Dict[str, Any]
     scalers: Dict[str, Any]
+    wrappers: Dict[str, Any] = dataclasses.field(default_factory=dict)  # DDP wrappers, by path
 
     def names(self) -> List[str]:
         return sorted([*self.modules, *self.optimizers, *self.schedulers, *self.scalers])
@@ -40,37 +42,51 @@ def _unwrap(module: Any) -> Any:
         "DistributedDataParallel", "DataParallel") else module
 
 
-def find_tracked(namespace: Dict[str, Any]) -> Tracked:
-    """Find the modules, optimizers, schedulers and grad scalers bound to names.
+def is_tracked_type(obj: Any) -> bool:
+    """A module, optimizer, LR scheduler or grad scaler (the walk does not descend into these)."""
+    import torch  # torch: loaded on first use, not on import raytrain_nb
+
+    return isinstance(obj, (torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)) or (
+        type(obj).__name__ == "GradScaler" and hasattr(obj, "state_dict"))
+
+
+def find_tracked(namespace: Dict[str, Any], strict: bool = True) -> Tracked:
+    """Find the modules, optimizers, schedulers and grad scalers reachable from the names.
+
+    Each is keyed by the path a user would write (``model``, ``models['G']``, ``trainer.opt``; see
+    :mod:`.walk`); a DDP wrapper counts as its module, and its path is also in ``wrappers``.
 
     Raises:
-        SnapshotError: an optimizer whose parameters belong to no tracked module
-            (rollback would restore its momentum but not the weights).
+        SnapshotError: with ``strict``, an optimizer whose parameters belong to no tracked module
+            (rollback would restore its momentum but not the weights); without, such optimizers
+            are left out.
     """
     import torch  # torch: loaded on first use, not on import raytrain_nb
 
     tracked = Tracked({}, {}, {}, {})
     seen_modules: Dict[int, str] = {}
-    for name in sorted(namespace):
-        if name.startswith("_"):
-            continue
-        obj = namespace[name]
+    for path, obj in walk(namespace, is_tracked_type):
         if isinstance(obj, torch.nn.Module):
             inner = _unwrap(obj)
+            if inner is not obj:
+                tracked.wrappers[path] = obj
             if id(inner) not in seen_modules:  # `model` and `model.module` are one module
-                seen_modules[id(inner)] = name
-                tracked.modules[name] = inner
+                seen_modules[id(inner)] = path
+                tracked.modules[path] = inner
         elif isinstance(obj, torch.optim.Optimizer):
-            tracked.optimizers[name] = obj
+            tracked.optimizers[path] = obj
         elif isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
-            tracked.schedulers[name] = obj
+            tracked.schedulers[path] = obj
         elif type(obj).__name__ == "GradScaler" and hasattr(obj, "state_dict"):
-            tracked.scalers[name] = obj
+            tracked.scalers[path] = obj
     params = {id(p) for m in tracked.modules.values() for p in m.parameters()}
-    for name, opt in tracked.optimizers.items():
+    for path, opt in list(tracked.optimizers.items()):
         if not any(id(p) in params for g in opt.param_groups for p in g["params"]):
+            if not strict:
+                del tracked.optimizers[path]
+                continue
             raise SnapshotError(
-                f"optimizer {name!r} optimizes parameters of no model bound to a name: bind the model to a "
+                f"optimizer {path!r} optimizes parameters of no model bound to a name: bind the model to a "
                 "variable (e.g. model = ...) so its weights are saved with the optimizer's state"
             )
     return tracked

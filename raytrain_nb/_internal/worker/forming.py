@@ -1,0 +1,111 @@
+"""How a worker joins its group: rank variables, the process group, replaying cells, state from a peer."""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Sequence, Tuple
+
+from ..backend import deferred_ddp, free_port
+from . import cell as cellmod
+from .replicate import sync_replicated
+from .session import TrainContext, WorkerSession, dataset_shards, set_session
+
+
+class FormingWorker:
+    """Setting up, joining and re-joining the process group (a part of :class:`~.actor.Worker`)."""
+
+    namespace: Dict[str, Any]
+    rank: int
+    session: Any
+    pg: Any
+    _cells: Any
+
+    def free_port(self) -> int:
+        return free_port()
+
+    def open_store(self, master_addr: str, world_size: int) -> int:
+        """Start the process group's rendezvous server on this (rank 0) worker; returns its port."""
+        return self._cells.call(self.pg.open_store, master_addr, world_size)
+
+    def setup(self, context: Dict[str, Any], env: Dict[str, str], backend: str,
+              master_addr: str, master_port: int, defer: bool = False) -> Dict[str, Any]:
+        """Set rank variables, then join the process group (on the cell thread).
+
+        With ``defer`` the process group is joined later (:meth:`join`), after
+        the worker replayed the group's setup cells.
+        """
+        return self._cells.call(self._setup, context, env, backend, master_addr, master_port, defer)
+
+    def _setup(self, context: Dict[str, Any], env: Dict[str, str], backend: str,
+               master_addr: str, master_port: int, defer: bool) -> Dict[str, Any]:
+        self._set_context(context, env)
+        device = "cpu"
+        self.pg.backend = backend
+        if backend != "none":
+            import torch  # torch: loaded on first use, not on import raytrain_nb
+
+            if torch.cuda.is_available() and os.environ.get("CUDA_VISIBLE_DEVICES", "") not in ("", "-1"):
+                torch.cuda.set_device(0)
+                device = f"cuda:{torch.cuda.current_device()} ({torch.cuda.get_device_name()})"
+            if defer:
+                self.pg.deferred = True
+            else:
+                self.pg.init(backend, master_addr, master_port, self.rank, context["world_size"])
+        return {"device": device}
+
+    def _set_context(self, context: Dict[str, Any], env: Dict[str, str]) -> None:
+        for key, value in env.items():  # an empty value removes the variable
+            if value:
+                os.environ[key] = value
+            else:
+                os.environ.pop(key, None)
+        ctx = TrainContext(**context)
+        self.rank = ctx.world_rank
+        if self.session is None:
+            self.session = WorkerSession(ctx)
+        else:
+            self.session.context = ctx
+        set_session(self.session)
+        self._attach_session()
+
+    def join(self, context: Dict[str, Any], env: Dict[str, str], master_addr: str, master_port: int,
+             src: int = 0, fresh: bool = False, rank_specific: Sequence[str] = ()) -> Dict[str, Any]:
+        """(Re-)form the process group at the given rank and size; sync state from rank ``src``.
+
+        Returns ``{"rebound": DDP wrappers re-bound, "missing": names this fresh rank went without,
+        "received": names it got from rank src}``.
+        """
+        return self._cells.call(self._join, context, env, master_addr, master_port, src, fresh, rank_specific)
+
+    def _join(self, context: Dict[str, Any], env: Dict[str, str], master_addr: str, master_port: int,
+              src: int, fresh: bool, rank_specific: Sequence[str]) -> Dict[str, Any]:
+        self._set_context(context, env)
+        out: Dict[str, Any] = {"missing": [], "received": []}
+
+        def sync() -> List[Any]:
+            wrappers, out["missing"], out["received"] = sync_replicated(
+                self.namespace, src=src, fresh=fresh, rank_specific=rank_specific, shards=dataset_shards(),
+                deferred_ddp=self._deferred_ddp)
+            return wrappers
+
+        out["rebound"] = self.pg.join(self.pg.backend, master_addr, master_port, self.rank, context["world_size"],
+                                      sync=sync)
+        return out
+
+    def _deferred_ddp(self, module: Any, kwargs: Dict[str, Any]) -> Any:
+        wrapper = deferred_ddp(module, kwargs)
+        self.pg.track(wrapper)
+        return wrapper
+
+    def replay(self, cells: Sequence[Tuple[int, str, bool]]) -> List[str]:
+        """Rebuild a new worker's namespace (collectives deferred): setup cells (``full``) run again; of the
+        other cells only the imports, functions and classes. Returns the failures, one line each."""
+        failed = []
+        for cell_id, source, full in cells:
+            source = source if full else cellmod.definitions(source)
+            if not source:
+                continue
+            failure = self._cells.call(self._run_cell, source, cell_id, False).failure
+            if failure is not None:
+                failed.append(f"cell {cell_id}: {failure.type_name}: {failure.message}")
+        return failed
+

@@ -1,0 +1,93 @@
+"""The driver's wait for a collective step checks that every rank it waits for is in that step.
+
+Real Ray actors stand in for workers: each answers ``activity`` and ``release`` on a second thread while
+its step call blocks, as a worker's control channel does. A rank idle, or finished, while its peers wait
+is a protocol error named in seconds (not after the step's deadline), and the waiting ranks are released.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import ray
+
+from raytrain_nb import GroupError, RecoveryError
+from raytrain_nb._internal.group.slots import Slot
+from raytrain_nb._internal.group.steps import await_step
+from raytrain_nb._internal.group.timing import STEP_GRACE_S
+
+
+@ray.remote(max_concurrency=4, num_cpus=0)
+class FakeRank:
+    def __init__(self):
+        self.current = None
+        self.released = threading.Event()
+
+    def _join(self, block):
+        self.current = "_join"
+        try:
+            if block:
+                if not self.released.wait(120):
+                    return "never released"
+                raise RuntimeError("the process group was broken")
+            return "joined"
+        finally:
+            self.current = None
+
+    def activity(self):
+        return {"call": self.current, "phase": ""}
+
+    def release(self):
+        self.released.set()
+        return True
+
+    def was_released(self):
+        return self.released.is_set()
+
+
+def slots_of(actors):
+    return [Slot(actor=a, pg=None, bundle=0, info={}) for a in actors]
+
+
+def timed(fn):
+    start = time.monotonic()
+    try:
+        fn()
+    finally:
+        timed.took = time.monotonic() - start
+
+
+def test_a_rank_idle_while_its_peer_waits_is_named_in_seconds_and_the_peer_released(ray_session):
+    ranks = [FakeRank.remote(), FakeRank.remote()]
+    refs = [ranks[0]._join.remote(True)]  # rank 1 never got the step
+    refs.append(ray.put("never ran"))
+    with pytest.raises(RecoveryError) as info:
+        timed(lambda: await_step(slots_of(ranks), refs, "_join", deadline_s=120, silent_s=30))
+    assert "rank(s) 1 finished while rank(s) 0 still wait in it" in str(info.value)
+    assert timed.took < 4 * STEP_GRACE_S
+    assert ray.get(ranks[0].was_released.remote(), timeout=10)
+
+
+def test_a_rank_doing_something_else_is_named(ray_session):
+    ranks = [FakeRank.remote(), FakeRank.remote()]
+    refs = [ranks[0]._join.remote(True), ranks[1]._join.remote(True)]
+    other = FakeRank.remote()  # rank 1's answers come from an actor that is idle: "not in the step"
+    slots = slots_of([ranks[0], other])
+    with pytest.raises(RecoveryError, match=r"rank 1 is idle, not in the step, while its peers wait"):
+        timed(lambda: await_step(slots, refs, "_join", deadline_s=120, silent_s=30))
+    assert timed.took < 4 * STEP_GRACE_S
+    ray.get(ranks[1].release.remote(), timeout=10)
+
+
+def test_every_rank_in_the_step_waits_until_the_deadline_then_fails_naming_them(ray_session):
+    ranks = [FakeRank.remote(), FakeRank.remote()]
+    refs = [r._join.remote(True) for r in ranks]
+    with pytest.raises(GroupError, match=r"did not re-form the process group within 3 s \(rank\(s\) 0, 1"):
+        await_step(slots_of(ranks), refs, "_join", deadline_s=3, silent_s=30)
+
+
+def test_a_step_every_rank_finishes_returns_their_answers(ray_session):
+    ranks = [FakeRank.remote(), FakeRank.remote()]
+    refs = [r._join.remote(False) for r in ranks]
+    assert await_step(slots_of(ranks), refs, "_join", deadline_s=30, silent_s=30) == ["joined", "joined"]
