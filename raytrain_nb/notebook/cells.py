@@ -72,7 +72,7 @@ def run_cell(group: Any, cell: str, args: Any, ranks: Any) -> Any:
             raise UsageError(str(exc)) from None
         finally:
             sink.close()
-        return sink.result()
+        return sink.cell_value()
     route = CellRoute()
     bg_sink = BackgroundSink(route)
     try:
@@ -89,7 +89,7 @@ def _show_end(bg: Any, route: CellRoute, sink: NotebookSink) -> None:
     route.enter()
     try:
         try:
-            bg.wait()
+            bg.wait()  # no deadline: the user's cell runs as long as it runs; its ranks are watched meanwhile
         finally:
             sink.close()
     except WorkerError as exc:

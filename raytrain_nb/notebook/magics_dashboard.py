@@ -7,7 +7,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from .._internal.errors import GroupError
+from .._internal.errors import GroupError, InterruptTimeout
 from .._internal.group.tables import format_status
 from . import ui
 from .magic_args import need_group
@@ -68,11 +68,10 @@ class DashboardMagics(Magics):
             try:
                 if not bg.done():
                     print("raytrain_nb: waiting for the background cell (Ctrl-C interrupts it)", flush=True)
-                result = bg.wait()
+                result = bg.wait()  # no deadline: the user waits for their cell; Ctrl-C interrupts it
             except KeyboardInterrupt:  # came before wait() took over: do what it does
-                group.interrupt()
-                result = bg.wait()
-        except GroupError as exc:
+                result = bg.stop()
+        except (GroupError, InterruptTimeout) as exc:
             raise UsageError(str(exc)) from None
         if result is not None:
             print(f"raytrain_nb: the background cell finished in {result.duration:.1f} s")

@@ -65,6 +65,6 @@ class NotebookSink(OutputSink):
             return
         self.values.append((rank, MimeBundle(data, metadata)))
 
-    def result(self) -> Optional[MimeBundle]:
+    def cell_value(self) -> Optional[MimeBundle]:
         """The value to return from the magic (shown as ``Out[n]``)."""
         return self.values[0][1] if self.values else None

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Sequence, Set
 
 from ..errors import RankFailure
 from ..output import OutputSink, route
+from ..waits import wait_within
 from ..worker.outcome import CellOutcome
 from . import timing
 from .monitor import death_cause
@@ -48,17 +49,18 @@ class Dispatch:
         self._stuck_deadline = 0.0
 
     def collect(self) -> Dict[int, CellOutcome]:
-        while self.pending:
-            try:
-                self._step(timing.POLL_INTERVAL_S)
-                self._check_stuck()
+        while True:
+            try:  # the loop's own check inside the try too: a Ctrl-C landing there is no less an interrupt
+                while self.pending:
+                    self._step(timing.POLL_INTERVAL_S)
+                    self._check_stuck()
+                return self.results
             except KeyboardInterrupt:
                 self.interrupts += 1
                 if self.interrupts == 1:
                     self._interrupt()
                 else:
                     self._replace_stuck()
-        return self.results
 
     def _slot(self, rank: int) -> Slot:
         return self.group.slots[rank]
@@ -150,10 +152,14 @@ class Dispatch:
         if not self._stuck_deadline or time.monotonic() < self._stuck_deadline or not self.pending:
             return
         self._stuck_deadline = 0.0
+        ranks = sorted(self.pending.values())
+        refs = [self._slot(rank).actor.stack.remote() for rank in ranks]  # every rank at once, one deadline
+        late = set(wait_within(refs, timing.CONTROL_CALL_S, "the stacks of the ranks that did not stop", logger)[1])
         lines = []
-        for rank in sorted(self.pending.values()):
+        for rank, ref in zip(ranks, refs):
             try:
-                stack = ray.get(self._slot(rank).actor.stack.remote(), timeout=3)
+                stack = f"(stack unavailable: no answer within {timing.CONTROL_CALL_S:g} s)" if ref in late \
+                    else ray.get(ref, timeout=timing.CONTROL_CALL_S)  # ready: it only fetches the answer
             except Exception as exc:  # noqa: BLE001
                 stack = f"(stack unavailable: {exc})"
             lines.append(f"rank {rank} did not stop after the interrupt; it is at:\n{stack.rstrip()}")

@@ -10,8 +10,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..errors import GroupError, RankFailure, WorkerError
 from ..output import OUTPUT_MODES, OutputSink, TextSink
+from ..waits import FETCH_S, wait_within
 from ..worker.cell import format_user_traceback, needs_ipython
 from ..worker.outcome import CellOutcome
+from . import timing
 from .background import BackgroundRun
 from .dispatch import Dispatch
 from .recovery import ON_FAILURE, recover_and_retry
@@ -230,7 +232,7 @@ class ExecutionMixin:
             except Exception as exc:
                 raise GroupError(f"cannot push {name!r}: a {type(value).__name__} cannot be pickled ({exc})") from None
         ref = ray.put(values)
-        self._get([s.actor.push.remote(ref) for s in self.slots], 120, "receive values in")
+        self._get([s.actor.push.remote(ref) for s in self.slots], timing.PUSH_S, "receive values in")
 
     def pull(self, name: str, rank: Optional[int] = 0) -> Any:
         """A variable from one rank (default 0) or, with ``rank=None``, a list from every rank.
@@ -238,21 +240,33 @@ class ExecutionMixin:
         DDP models come back unwrapped and tensors on the CPU.
 
         Raises:
-            GroupError: the name is not defined on a rank.
+            GroupError: the name is not defined on a rank, or a rank is dead or did not answer within
+                ``timing.PULL_S`` (every rank is asked at once: a stopped rank costs one deadline).
         """
         import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
         if self.state is GroupState.SHUTDOWN:
             self._check_not_running()
         targets = self._targets(None if rank is None else [rank])
-        refs = [self.slots[r].actor.pull.remote(name) for r in targets]
+        refs = [self.slots[r].actor.pull.remote(name) for r in targets]  # every rank at once, one deadline
+        late = set(wait_within(refs, timing.PULL_S, f"{name!r} from rank(s) {', '.join(map(str, targets))}",
+                               logger)[1])
         values, missing, other = [], [], []
         for r, ref in zip(targets, refs):
+            if ref in late:
+                continue
             try:
-                values.append(ray.get(ref, timeout=300))
+                values.append(ray.get(ref, timeout=FETCH_S))  # ready: it only copies the value in
+            except ray.exceptions.RayActorError as exc:
+                other.append((r, exc))
             except ray.exceptions.RayTaskError as exc:
                 cause = exc.cause if getattr(exc, "cause", None) is not None else exc
                 (missing if isinstance(cause, NameError) else other).append((r, cause))
+        if late:
+            ranks = ", ".join(str(r) for r, ref in zip(targets, refs) if ref in late)
+            raise GroupError(f"cannot pull {name!r}: rank(s) {ranks} did not answer within {timing.PULL_S:g} s "
+                             "(stopped, or busy in C code holding the GIL): %dist_status shows them, "
+                             "%dist_restart replaces stopped ranks")
         if missing:
             ranks = ", ".join(str(r) for r, _ in missing)
             raise GroupError(f"name {name!r} is not defined on rank {ranks}: run the cell that defines it, "

@@ -5,7 +5,7 @@ import logging
 import os
 from typing import Any, Dict, List, Sequence
 
-from .. import cluster
+from .. import cluster, waits
 from ..errors import GroupError
 from ..worker.actor import remote_worker_class
 from .monitor import DEFAULT_HEARTBEAT_TIMEOUT_S
@@ -13,6 +13,7 @@ from .ranks import assign_ranks, rank_infos
 from .slots import Slot
 from .state import SlotState
 from .steps import await_step
+from .timing import CONTROL_START_S
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ class FormationMixin:
         addr = LOOPBACK if local else master.info["node_ip"]
         port = 0
         if self.backend != "none":
-            port = self._get([master.actor.open_store.remote(addr, len(self.slots))], 60, "start")[0]
+            port = self._get([master.actor.open_store.remote(addr, len(self.slots))], CONTROL_START_S, "start")[0]
         refs = []
         for rank, (slot, info) in enumerate(zip(self.slots, infos)):
             ctx, env = info.context(self.name), dict(info.env(addr, port), **loopback_env(local))
@@ -105,15 +106,16 @@ class FormationMixin:
         return monitor.heartbeat_timeout_s if monitor is not None else DEFAULT_HEARTBEAT_TIMEOUT_S
 
     def _get(self, refs: List[Any], timeout: float, what: str) -> List[Any]:
+        """Every rank's answer to ``refs`` within ``timeout`` (saying what it waits for after 5 s).
+
+        Raises:
+            GroupError: a rank did not answer in time, died, or raised; one line naming what.
+        """
         import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
         try:
-            return ray.get(refs, timeout=timeout)
-        except ray.exceptions.GetTimeoutError:
-            raise GroupError(
-                f"the workers did not {what} the group within {timeout:g} s "
-                f"({len(refs)} workers); raise start_timeout_s or check `ray status`"
-            ) from None
+            return waits.get_within(refs, timeout, f"the workers to {what} the group", log=logger,
+                                    hint="raise start_timeout_s or check `ray status`")
         except ray.exceptions.RayActorError as exc:
             raise GroupError(f"a worker died while trying to {what} the group: {first_line(exc)}") from None
         except ray.exceptions.RayTaskError as exc:

@@ -28,6 +28,7 @@ from .recovery import replace_ranks, rescale, restart
 from .slots import SlotTable
 from .snapshots import RollbackResult, checkpoint, rollback, wait_background
 from .state import GroupState, SlotState, check_transition
+from .timing import CONTROL_CALL_S, CONTROL_START_S
 from .types import CellRecord
 
 logger = logging.getLogger(__name__)
@@ -122,7 +123,7 @@ class WorkerGroup(FormationMixin, ExecutionMixin, LivenessMixin):
                 spare.actor.warm.remote()
             self.slots.assign(self._order([self._spawn(pg, i) for i in range(num_workers)]))
             self._rendezvous("setup")
-            self._get([s.actor.set_storage.remote(self.run_storage.url) for s in self.slots], 60, "start")
+            self._get([s.actor.set_storage.remote(self.run_storage.url) for s in self.slots], CONTROL_START_S, "start")
             self.run_storage.check_shared(lambda url, token: self.execute(read_storage_marker, url, token),
                                           num_workers)
         except BaseException:
@@ -313,7 +314,7 @@ class WorkerGroup(FormationMixin, ExecutionMixin, LivenessMixin):
 
         live = [s for s in self.slots if s.state != SlotState.DEAD]
         if live:
-            ray.wait([s.actor.shutdown_backend.remote() for s in live], num_returns=len(live), timeout=5)
+            ray.wait([s.actor.shutdown_backend.remote() for s in live], num_returns=len(live), timeout=CONTROL_CALL_S)
         for s in self.slots.everyone():
             try:
                 ray.kill(s.actor, no_restart=True)

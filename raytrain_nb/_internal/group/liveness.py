@@ -6,7 +6,7 @@ from typing import Any, Dict, List
 
 from .formation import first_line
 from .state import GroupState, SlotState
-from .timing import INTERRUPT_WAIT_S
+from .timing import CONTROL_CALL_S, INTERRUPT_CALL_S, PING_S
 from .types import WorkerStatus
 
 logger = logging.getLogger(__name__)
@@ -49,17 +49,18 @@ class LivenessMixin:
         """One :class:`WorkerStatus` per rank; dead workers show as ``dead``.
 
         Args:
-            ping: ask every live worker first (up to 3 s), so a death Ray knows of counts;
-                ``False`` answers at once from what the group already knows (observers, the dashboard).
+            ping: ask every live worker first, all at once (up to ``timing.PING_S``), so a death Ray
+                knows of counts; ``False`` answers at once from what the group already knows (observers,
+                the dashboard).
         """
         import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
         live = [s for s in self.slots if ping and not s.gone]
         refs = {s.actor.ping.remote(): s for s in live}
-        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=3.0) if refs else ([], [])
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=PING_S) if refs else ([], [])
         for ref in ready:
             try:
-                ray.get(ref, timeout=1.0)
+                ray.get(ref, timeout=CONTROL_CALL_S)  # ready: it only fetches the answer
             except ray.exceptions.RayActorError as exc:
                 refs[ref].mark(SlotState.DEAD, first_line(exc))
         if ping and any(s.state == SlotState.DEAD for s in self.slots) and self.state is GroupState.IDLE:
@@ -71,15 +72,23 @@ class LivenessMixin:
         ]
 
     def interrupt(self) -> List[Dict[str, Any]]:
-        """Interrupt the running code on every rank (KeyboardInterrupt in user code)."""
+        """Interrupt the running code on every rank (KeyboardInterrupt in user code).
+
+        Every live rank is asked at once, with one deadline (``timing.INTERRUPT_CALL_S``) for all: a rank
+        that did not answer by then is ``unreachable``.
+        """
         import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
         refs = [s.actor.interrupt.remote() for s in self.slots if s.state != SlotState.DEAD]
-        ray.wait(refs, num_returns=len(refs), timeout=INTERRUPT_WAIT_S + 3)  # one deadline for every rank
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=INTERRUPT_CALL_S) if refs else ([], [])
+        answered = set(ready)
         out = []
         for ref in refs:
+            if ref not in answered:
+                out.append({"state": "unreachable", "error": f"no answer within {INTERRUPT_CALL_S:g} s"})
+                continue
             try:
-                out.append(ray.get(ref, timeout=0.1))
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+                out.append(ray.get(ref, timeout=CONTROL_CALL_S))  # ready: it only fetches the answer
+            except ray.exceptions.RayActorError as exc:
                 out.append({"state": "unreachable", "error": first_line(exc)})
         return out

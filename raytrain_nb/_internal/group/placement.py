@@ -7,6 +7,7 @@ import time
 from typing import Any, Dict, List
 
 from ..errors import ResourceError
+from ..waits import wait_until, wait_within
 from .config import GroupConfig
 
 logger = logging.getLogger(__name__)
@@ -61,7 +62,8 @@ def reserve(config: GroupConfig, count: int, timeout_s: float) -> Any:
     bundle = config.bundle() or {"CPU": 0.001}
     pg = placement_group([dict(bundle) for _ in range(count)], strategy=config.placement_strategy)
     try:
-        ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+        ready, _ = wait_within([pg.ready()], timeout_s, f"resources for {count} workers x ({_fmt(bundle)}), "
+                               f"strategy {config.placement_strategy}", logger)
     except BaseException:  # Ctrl-C (or anything else) while waiting: never leave the reservation behind
         remove_placement_group(pg)
         raise
@@ -140,10 +142,11 @@ def bundles_placed(places: List[Any]) -> List[bool]:
 
 def await_bundles(places: List[Any], timeout_s: float) -> bool:
     """Wait up to ``timeout_s`` for every ``(pg, bundle)`` in ``places`` to be placed on a live node."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    def placed(slice_s: float) -> bool:
         if all(bundles_placed(places)):
             return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.2)
+        time.sleep(min(slice_s, 0.2))
+        return False
+
+    return wait_until(placed, timeout_s, f"{len(places)} place(s) of dead workers to be on a live node again",
+                      logger)

@@ -19,6 +19,7 @@ from ..errors import GroupError, RecoveryError
 from .placement import await_bundles, await_recorded_deaths, bundles_placed, check_cluster, reserve
 from .slots import Place, Slot
 from .state import GroupState, SlotState
+from .timing import CONTROL_START_S
 
 if TYPE_CHECKING:  # the group calls in here; this module never imports it at run time
     from .group import WorkerGroup
@@ -57,7 +58,7 @@ def _prepare_new(group: "WorkerGroup", ranks: Sequence[int]) -> Dict[int, List[s
     used an object the rank receives from a peer on joining failed only for want of it)."""
     # The run directory first: report(checkpoint=...) and get_checkpoint() work on a new rank too.
     slots = group.slots
-    group._get([slots[r].actor.set_storage.remote(group.run_storage.url) for r in ranks], 60, "start")
+    group._get([slots[r].actor.set_storage.remote(group.run_storage.url) for r in ranks], CONTROL_START_S, "start")
     infos = group._contexts()
     addr = slots[0].info.get("node_ip", "127.0.0.1")
     refs = [slots[r].actor.setup.remote(infos[r].context(group.name), infos[r].env(addr, 0),

@@ -15,6 +15,8 @@ from ..checkpoint.manager import CheckpointEntry, CheckpointManager
 from ..checkpoint.staging import discard_dir
 from ..checkpoint.storage import join
 from ..errors import CheckpointError
+from ..waits import get_within, join_within, wait_within
+from . import timing
 from .monitor import death_cause
 from .state import GroupState
 
@@ -24,8 +26,8 @@ if TYPE_CHECKING:  # the group calls in here; this module never imports it at ru
 logger = logging.getLogger(__name__)
 
 SNAPSHOT_TIMEOUT_S = 60.0
-#: How long a later call waits for a background (``--async``) snapshot to be written.
-BACKGROUND_WRITE_S = 600.0
+#: How long a background (``--async``) snapshot may take to be written, and a later call waits for it.
+BACKGROUND_WRITE_S = timing.SNAPSHOT_WRITE_S
 
 
 @dataclasses.dataclass
@@ -47,8 +49,6 @@ class RollbackResult:
 def checkpoint(group: "WorkerGroup", name: Optional[str], var_names: Sequence[str], blocking: bool,
                timeout_s: float) -> Optional[CheckpointEntry]:
     """Snapshot the tracked state of every rank (see :meth:`WorkerGroup.checkpoint`)."""
-    import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
-
     run = group.run_storage
     if run.background_error:
         err, run.background_error = run.background_error, None
@@ -57,19 +57,13 @@ def checkpoint(group: "WorkerGroup", name: Optional[str], var_names: Sequence[st
     actors = [s.actor for s in group.slots]
     try:
         if group.state is GroupState.RUNNING:  # a step boundary: the next report() on every rank
-            ray.get([a.request_snapshot.remote(staged, list(var_names)) for a in actors])
-            waits = [a.snapshot_wait.remote(timeout_s) for a in actors]
-            ready, _ = ray.wait(waits, num_returns=len(waits), timeout=timeout_s + 5)
-            if len(ready) < len(waits) or any(r.get("timeout") for r in group._get(ready, 30, "snapshot")):
-                ray.get([a.cancel_snapshot.remote() for a in actors])
-                raise CheckpointError(f"no report() came on every rank within {timeout_s:g} s while the cell "
-                                      "ran, so no consistent snapshot could be taken: try again between cells")
+            _at_step_boundary(group, actors, staged, var_names, timeout_s)
         else:
             group._check_usable()
-            group._get([a.snapshot.remote(staged, list(var_names), not blocking) for a in actors], 600,
-                       "snapshot")
+            group._get([a.snapshot.remote(staged, list(var_names), not blocking) for a in actors],
+                       timing.SNAPSHOT_WRITE_S, "snapshot")
             if not blocking:
-                waits = [a.snapshot_wait.remote() for a in actors]
+                waits = [a.snapshot_wait.remote(BACKGROUND_WRITE_S) for a in actors]
                 thread = threading.Thread(target=_finish_background, args=(group, staged, waits),
                                           name="rtnb-snapshot-commit", daemon=True)
                 run.background = thread
@@ -81,6 +75,37 @@ def checkpoint(group: "WorkerGroup", name: Optional[str], var_names: Sequence[st
     return run.manager.commit(staged, "snapshot", _metrics_of(group))
 
 
+def _at_step_boundary(group: "WorkerGroup", actors: List[Any], staged: Any, var_names: Sequence[str],
+                      timeout_s: float) -> None:
+    """Snapshot at the next ``report()`` of every rank of the running cell, or cancel and raise."""
+    labels = [f"rank {r}" for r in range(len(actors))]
+    try:
+        get_within([a.request_snapshot.remote(staged, list(var_names)) for a in actors], timing.CONTROL_CALL_S,
+                   "every rank to accept the snapshot request", labels=labels, error=CheckpointError, log=logger,
+                   hint="%dist_status shows which ranks are stopped or dead; try again between cells")
+        waits = [a.snapshot_wait.remote(timeout_s) for a in actors]
+        ready, late = wait_within(waits, timeout_s + timing.CONTROL_CALL_S,
+                                  "a report() on every rank to take the snapshot at", log=logger)
+        taken = not late and not any(r.get("timeout") for r in group._get(ready, timing.SNAPSHOT_ANSWER_S,
+                                                                           "snapshot"))
+    except BaseException:
+        _cancel(actors)
+        raise
+    if not taken:
+        _cancel(actors)
+        raise CheckpointError(f"no report() came on every rank within {timeout_s:g} s while the cell "
+                              "ran, so no consistent snapshot could be taken: try again between cells")
+
+
+def _cancel(actors: List[Any]) -> None:
+    """Withdraw a snapshot request from every rank (a rank that does not answer in time is only logged)."""
+    _, late = wait_within([a.cancel_snapshot.remote() for a in actors], timing.CONTROL_CALL_S,
+                          "every rank to withdraw the snapshot request", log=logger)
+    if late:
+        logger.warning("%d rank(s) did not confirm within %g s that the snapshot request is withdrawn; "
+                       "%%dist_status shows which ranks are stopped or dead", len(late), timing.CONTROL_CALL_S)
+
+
 def _metrics_of(group: "WorkerGroup") -> Dict[str, Any]:
     return dict(group.latest_metrics.get(0, {}))
 
@@ -90,7 +115,14 @@ def _finish_background(group: "WorkerGroup", staged: Any, waits: List[Any]) -> N
 
     run = group.run_storage
     try:
-        ray.get(waits)
+        written = get_within(waits, BACKGROUND_WRITE_S + timing.CONTROL_CALL_S,
+                             f"every rank to write the background snapshot {staged.name}",
+                             labels=[f"rank {r}" for r in range(len(waits))], error=CheckpointError, log=logger,
+                             hint="check the storage path and %dist_status")
+        slow = [r for r, res in enumerate(written) if res.get("timeout")]
+        if slow:
+            raise CheckpointError(f"rank(s) {', '.join(map(str, slow))} did not write the background snapshot "
+                                  f"within {BACKGROUND_WRITE_S:g} s: check the storage path")
         run.manager.commit(staged, "snapshot", _metrics_of(group))
     except Exception as exc:  # noqa: BLE001 - reported in the next cell
         discard_dir(staged)
@@ -107,8 +139,7 @@ def wait_background(group: "WorkerGroup") -> None:
     """Wait for a background checkpoint to commit (``--async``)."""
     thread = group.run_storage.background
     if thread is not None:
-        thread.join(timeout=BACKGROUND_WRITE_S)
-        if thread.is_alive():
+        if not join_within(thread, BACKGROUND_WRITE_S, "the background checkpoint to be written", logger):
             raise CheckpointError(f"the background checkpoint is still being written after {BACKGROUND_WRITE_S:g} s: "
                                   "check the storage path, then try again")
 
@@ -131,7 +162,7 @@ def rollback(group: "WorkerGroup", name_or_index: Union[str, int], run: Optional
     if entry.kind != "snapshot":
         raise CheckpointError(f"{entry.name} is a reported checkpoint (your own files): load it in a cell with "
                               "raytrain_nb.get_checkpoint() or Checkpoint; rollback takes snapshots")
-    results = group._get([s.actor.rollback.remote(entry.path, allow_pickle) for s in group.slots], 600,
-                         "roll back")
+    results = group._get([s.actor.rollback.remote(entry.path, allow_pickle) for s in group.slots],
+                         timing.SNAPSHOT_WRITE_S, "roll back")
     changed = sorted({n for r in results for n in r["changed"]})
     return RollbackResult(entry.name, results[0]["restored"], changed)

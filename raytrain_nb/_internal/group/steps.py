@@ -13,8 +13,9 @@ import time
 from typing import Any, Dict, List, Sequence
 
 from ..errors import GroupError, RecoveryError
+from ..waits import SAY_AFTER_S
 from .slots import Slot
-from .timing import CONTROL_CALL_S, SAY_WAITING_S, STEP_CHECK_S, STEP_GRACE_S
+from .timing import CONTROL_CALL_S, STEP_CHECK_S, STEP_GRACE_S
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ def await_step(slots: Sequence[Slot], refs: List[Any], step: str, deadline_s: fl
             _release(slots)
             raise GroupError(f"the workers did not {what} within {deadline_s:g} s (rank(s) "
                              f"{', '.join(map(str, waiting))} still in it); raise start_timeout_s or check `ray status`")
-        if not said and now - start > SAY_WAITING_S:
+        if not said and now - start > SAY_AFTER_S:
             said = True
             logger.info("waiting for rank(s) %s to %s (%.0f s so far, deadline %g s)",
                         ", ".join(map(str, waiting)), what, now - start, deadline_s)

@@ -25,5 +25,5 @@ SNAPSHOT_WRITE_S = 600.0
 #: may be out of step (idle, busy with something else, or finished while its peers wait) before it is an error.
 STEP_CHECK_S = 1.0
 STEP_GRACE_S = 5.0
-#: A wait longer than this says what it waits for.
-SAY_WAITING_S = 5.0
+#: A quick step of starting a worker (opening the rendezvous store, setting the run directory).
+CONTROL_START_S = 60.0
