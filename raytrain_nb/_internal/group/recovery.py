@@ -155,6 +155,7 @@ def rescale(group: "WorkerGroup", num_workers: int) -> None:
     group._check_not_running()
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
         raise GroupError(f"rescale to {num_workers!r} workers is not possible: give a whole number of at least 1")
+    group.status()  # ping every worker: a death Ray knows of but the monitor has not seen yet counts
     slots = group.slots
     alive = [slots[r] for r in slots.live_ranks()]
     if not alive:
