@@ -21,12 +21,20 @@ from typing import Any, Callable, Dict, Optional, Sequence, Set
 logger = logging.getLogger(__name__)
 
 SUPPORTED_BACKENDS = ("gloo", "nccl", "none")
+#: How long forming a process group may take on a worker (the rendezvous and gloo's connections): a rank
+#: left waiting for a peer that died mid-formation gives up by then, so its cell thread is free again.
+FORM_TIMEOUT_S = 60.0
 
 
 _ESTABLISHED = "01"
 
 
-def _inet_inodes(established_only: bool = False) -> Set[str]:
+def _port(address: str) -> int:
+    """The port of a ``/proc/net/tcp`` address (``0100007F:1F90`` -> 8080)."""
+    return int(address.rsplit(":", 1)[1], 16)
+
+
+def _inet_inodes(established_only: bool = False, port: Optional[int] = None) -> Set[str]:
     inodes: Set[str] = set()
     for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
         try:
@@ -34,16 +42,19 @@ def _inet_inodes(established_only: bool = False) -> Set[str]:
                 next(fh, None)
                 for line in fh:
                     parts = line.split()
-                    if len(parts) > 9 and (not established_only or parts[3] == _ESTABLISHED):
+                    if len(parts) <= 9 or (established_only and parts[3] != _ESTABLISHED):
+                        continue
+                    if port is None or port in (_port(parts[1]), _port(parts[2])):
                         inodes.add(parts[9])
         except OSError:
             continue
     return inodes
 
 
-def inet_socket_fds(established_only: bool = False) -> Dict[int, str]:
-    """Map fd -> socket inode for this process's TCP sockets (listening ones too unless asked)."""
-    inet = _inet_inodes(established_only)
+def inet_socket_fds(established_only: bool = False, port: Optional[int] = None) -> Dict[int, str]:
+    """Map fd -> socket inode for this process's TCP sockets (listening ones too unless asked; only
+    those with ``port`` at either end when given)."""
+    inet = _inet_inodes(established_only, port)
     out: Dict[int, str] = {}
     try:
         names = os.listdir("/proc/self/fd")
@@ -59,6 +70,21 @@ def inet_socket_fds(established_only: bool = False) -> Dict[int, str]:
             if inode in inet:
                 out[int(name)] = inode
     return out
+
+
+def _shutdown(fds: Dict[int, str]) -> None:
+    """Shut down (not close: the owner still holds the fd) each socket, so whoever blocks on it returns."""
+    for fd in fds:
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            continue
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        finally:
+            sock.detach()
 
 
 class ProcessGroupState:
@@ -78,6 +104,7 @@ class ProcessGroupState:
         self.forwards = 0  # forward passes of prepared models (a cell with any is not a setup cell)
         self._master_store: Any = None
         self.phase = ""  # the step of (re-)forming this rank is in, for the driver's liveness check
+        self._forming_port: Optional[int] = None  # the rendezvous port while init_process_group runs
 
     @property
     def active(self) -> bool:
@@ -98,13 +125,25 @@ class ProcessGroupState:
         import torch.distributed as dist  # torch: loaded on first use, not on import raytrain_nb
 
         before = inet_socket_fds()
+        with self._lock:
+            self._forming_port = master_port
         timeout = datetime.timedelta(seconds=timeout_s)
+        set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+        # Form under a short deadline, then give collectives the long one (when torch lets us change it).
+        form = datetime.timedelta(seconds=min(timeout_s, FORM_TIMEOUT_S)) if set_timeout else timeout
         store, self._master_store = self._master_store, None
         if store is None:  # rank 0 opened the rendezvous server (open_store) before the others came
             from torch.distributed import TCPStore  # torch: loaded on first use, not on import raytrain_nb
 
-            store = TCPStore(master_addr, master_port, world_size, is_master=False, timeout=timeout)
-        dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+            store = TCPStore(master_addr, master_port, world_size, is_master=False, timeout=form)
+        try:
+            dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=form)
+            if set_timeout is not None:
+                store.set_timeout(timeout)
+                set_timeout(timeout)
+        finally:
+            with self._lock:
+                self._forming_port = None
         after = inet_socket_fds()
         with self._lock:
             self._sockets = {fd: ino for fd, ino in after.items() if before.get(fd) != ino}
@@ -112,7 +151,7 @@ class ProcessGroupState:
             self.generation += 1
         logger.debug("rank %d joined %s group (%d sockets)", rank, backend, len(self._sockets))
 
-    def open_store(self, master_addr: str, world_size: int, timeout_s: float = 1800.0) -> int:
+    def open_store(self, master_addr: str, world_size: int, timeout_s: float = FORM_TIMEOUT_S) -> int:
         """On rank 0: start the rendezvous server now, so the other ranks connect at once
         (a client that comes before the server backs off for hundreds of ms). Returns its port."""
         from torch.distributed import TCPStore  # torch: loaded on first use, not on import raytrain_nb
@@ -136,24 +175,15 @@ class ProcessGroupState:
         aborts the communicators. Returns True if anything was broken.
         """
         with self._lock:
+            if self._forming_port is not None:  # still forming: end the rendezvous, so init fails at once
+                _shutdown(inet_socket_fds(established_only=True, port=self._forming_port))
+                return True
             if self.broken or self.backend == "none":
                 return False
             self.broken = True
             # Connected sockets only: shutting down gloo's listener aborts the process.
             current = inet_socket_fds(established_only=True)
-            for fd, inode in self._sockets.items():
-                if current.get(fd) != inode:
-                    continue  # closed or reused since: not ours any more
-                try:
-                    sock = socket.socket(fileno=fd)
-                except OSError:
-                    continue
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                finally:
-                    sock.detach()
+            _shutdown({fd: inode for fd, inode in self._sockets.items() if current.get(fd) == inode})
         if self.backend == "nccl":
             try:
                 import torch.distributed as dist  # torch: loaded on first use, not on import raytrain_nb

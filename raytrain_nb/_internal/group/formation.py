@@ -12,8 +12,8 @@ from .monitor import DEFAULT_HEARTBEAT_TIMEOUT_S
 from .ranks import assign_ranks, rank_infos
 from .slots import Slot
 from .state import SlotState
-from .steps import await_step
-from .timing import CONTROL_START_S
+from .steps import await_settled, await_step
+from .timing import CONTROL_START_S, SETTLE_S
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +72,7 @@ class FormationMixin:
         a failure or a resize), broadcasting replicated state from rank ``src``;
         ranks in ``fresh`` also receive what they lack. Returns each rank's answer.
         """
+        await_settled(list(self.slots), SETTLE_S)
         infos = self._contexts()
         master = self.slots[0]
         # Ranks all on one machine talk over loopback only: nothing we open listens on other interfaces.

@@ -62,6 +62,29 @@ def _release(slots: Sequence[Slot]) -> None:
     ray.wait(refs, num_returns=len(refs), timeout=CONTROL_CALL_S)
 
 
+def await_settled(slots: Sequence[Slot], deadline_s: float) -> None:
+    """Before a new formation: wait until no rank is still in an earlier, failed one (a rank whose peer died
+    while it connected gives up within the worker's formation timeout). Ranks still forming are released
+    first, so they give up at once where they can.
+
+    Raises:
+        GroupError: a rank is still in the earlier formation after ``deadline_s``, naming it.
+    """
+    start = time.monotonic()
+    released = False
+    while True:
+        busy = [r for r, act in _activities(slots, range(len(slots))).items() if act.get("call") in _STEP_WORDS]
+        if not busy:
+            return
+        if not released:
+            released = True
+            _release([slots[r] for r in busy])
+        if time.monotonic() - start > deadline_s:
+            raise GroupError(f"rank(s) {', '.join(map(str, busy))} are still in an earlier formation of the process "
+                             f"group after {deadline_s:g} s: %dist_status shows them; %dist_restart replaces them")
+        time.sleep(STEP_CHECK_S)
+
+
 def await_step(slots: Sequence[Slot], refs: List[Any], step: str, deadline_s: float,
                silent_s: float) -> List[Any]:
     """The results of ``refs`` (one per rank of ``slots``, each the call ``step`` on that rank).

@@ -25,5 +25,8 @@ SNAPSHOT_WRITE_S = 600.0
 #: may be out of step (idle, busy with something else, or finished while its peers wait) before it is an error.
 STEP_CHECK_S = 1.0
 STEP_GRACE_S = 5.0
+#: Before a new formation: how long a rank still in an earlier, failed one may take to give up (a worker
+#: gives up forming after ``backend.FORM_TIMEOUT_S``, 60 s).
+SETTLE_S = 75.0
 #: A quick step of starting a worker (opening the rendezvous store, setting the run directory).
 CONTROL_START_S = 60.0
