@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test demo bench clean
+.PHONY: venv test demo bench soak clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -20,6 +20,14 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py
+
+# Chaos soak (soak/): `make soak DURATION=120 SEED=7`; without SEED a random one is drawn and printed.
+# SOAK_ARGS passes more flags, e.g. SOAK_ARGS="--workers 3 --kernel-share 0.5 --weights kill_rescale=0".
+DURATION ?= 120
+SEED ?=
+SOAK_ARGS ?=
+soak: $(STAMP)
+	$(PY) -m soak.chaos --duration $(DURATION) $(if $(SEED),--seed $(SEED)) $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
