@@ -120,8 +120,9 @@ class Runner:
             return
         self.stats.fault(fired.kind, phase, fired.during)
         extra = f" for {fired.stop_s:.1f} s" if fired.kind == "stop" else ""
-        self.say(f"fault: {fired.kind} pid {fired.pid}{extra} at {fired.at:.2f} s, "
-                 f"{phase} {'still running' if fired.during else 'already over'}")
+        when = "between cells" if phase == "idle" else \
+            f"at {fired.at:.2f} s, {phase} {'still running' if fired.during else 'already over'}"
+        self.say(f"fault: {fired.kind} pid {fired.pid}{extra} {when}")
 
     # -- helpers for steps ------------------------------------------------------------------------
 
@@ -162,7 +163,7 @@ class Runner:
     def rank0_digests(self) -> Optional[Dict[str, str]]:
         """Rank 0's digests now (from the last check when no cell ran since); None when unavailable."""
         if self.digests is None:
-            out = self.record("digests", self.d.digests(DEADLINES["query"]))
+            out = self.record("digests", self.d.digests(DEADLINES["cell"]))
             self.digests = out.value if out.ok else None
         return dict(self.digests[0]) if self.digests else None
 
@@ -244,7 +245,7 @@ class Runner:
             if self.need_rebuild:
                 self.rebuild()
                 continue
-            out = self.d.digests(DEADLINES["query"])
+            out = self.d.digests(DEADLINES["cell"])
             if out.ok:
                 self.digests = out.value
                 break
@@ -320,7 +321,7 @@ class Runner:
     def check_rollback(self, name: str) -> None:
         """After a rollback (or a restart from a snapshot) to ``name``: every rank holds what it saved."""
         self.ledger.check()
-        got = self.d.digests(DEADLINES["query"])
+        got = self.d.digests(DEADLINES["cell"])
         if not got.ok:
             self.record("digests", got)
             return

@@ -23,7 +23,9 @@ logger = logging.getLogger(__name__)
 SUPPORTED_BACKENDS = ("gloo", "nccl", "none")
 #: How long forming a process group may take on a worker (the rendezvous and gloo's connections): a rank
 #: left waiting for a peer that died mid-formation gives up by then, so its cell thread is free again.
-FORM_TIMEOUT_S = 60.0
+FORM_TIMEOUT_S = 30.0
+#: The phase a rank reports while it forms the process group (see ``ProcessGroupState.phase``).
+FORMING = "forming the process group"
 
 
 _ESTABLISHED = "01"
@@ -70,6 +72,19 @@ def inet_socket_fds(established_only: bool = False, port: Optional[int] = None) 
             if inode in inet:
                 out[int(name)] = inode
     return out
+
+
+def _reset_group_names(dist: Any) -> None:
+    """Name the next default process group as a fresh process would.
+
+    torch names a default group by a per-process counter, which destroying the group resets, but an
+    ``init_process_group`` that failed midway does not: the process would then name its next group
+    "1" while a new rank names it "0", and their rendezvous keys would never meet (gloo waits for
+    peers' addresses under the other name until its timeout).
+    """
+    world = getattr(dist.distributed_c10d, "_world", None)
+    if world is not None and not dist.is_initialized() and getattr(world, "group_count", 0):
+        world.group_count = 0
 
 
 def _shutdown(fds: Dict[int, str]) -> None:
@@ -131,6 +146,7 @@ class ProcessGroupState:
         set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
         # Form under a short deadline, then give collectives the long one (when torch lets us change it).
         form = datetime.timedelta(seconds=min(timeout_s, FORM_TIMEOUT_S)) if set_timeout else timeout
+        _reset_group_names(dist)
         store, self._master_store = self._master_store, None
         if store is None:  # rank 0 opened the rendezvous server (open_store) before the others came
             from torch.distributed import TCPStore  # torch: loaded on first use, not on import raytrain_nb
@@ -223,7 +239,7 @@ class ProcessGroupState:
         self.destroy()
         self.deferred = False
         try:
-            self.phase = "forming the process group"
+            self.phase = FORMING
             self.init(backend, master_addr, master_port, rank, world_size)
             if backend == "none":
                 return 0

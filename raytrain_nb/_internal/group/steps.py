@@ -12,6 +12,7 @@ import logging
 import time
 from typing import Any, Dict, List, Sequence
 
+from ..backend import FORM_TIMEOUT_S, FORMING
 from ..errors import GroupError, RecoveryError
 from ..waits import SAY_AFTER_S
 from .slots import Slot
@@ -119,7 +120,7 @@ def await_step(slots: Sequence[Slot], refs: List[Any], step: str, deadline_s: fl
             first_done = now
         waiting = [i for i, ref in enumerate(refs) if ref in pending]
         if now - start >= STEP_GRACE_S:
-            problem = _check(slots, waiting, step, now, first_done, odd, last_answer, silent_s)
+            problem = _check(slots, waiting, step, now, first_done, odd, last_answer, silent_s, start)
             if problem:
                 _release(slots)
                 raise RecoveryError(f"could not {what}: {problem}; the group's process group was broken so "
@@ -136,13 +137,17 @@ def await_step(slots: Sequence[Slot], refs: List[Any], step: str, deadline_s: fl
 
 
 def _check(slots: Sequence[Slot], waiting: List[int], step: str, now: float, first_done: Any,
-           odd: Dict[int, float], last_answer: Dict[int, float], silent_s: float) -> str:
+           odd: Dict[int, float], last_answer: Dict[int, float], silent_s: float, started: float) -> str:
     """What is wrong with the ranks still in the step, or ""."""
     done = [r for r in range(len(slots)) if r not in waiting]
     if first_done is not None and now - first_done >= STEP_GRACE_S:
         return (f"rank(s) {', '.join(map(str, done))} finished while rank(s) {', '.join(map(str, waiting))} "
                 f"still wait in it (a protocol error)")
     answers = _activities(slots, waiting)
+    forming = [r for r in waiting if (answers.get(r) or {}).get("phase") == FORMING]
+    if forming and len(forming) == len(waiting) and now - started >= FORM_TIMEOUT_S + STEP_GRACE_S:
+        return (f"every rank waited {now - started:.0f} s to form the process group (it takes seconds; "
+                f"a worker gives up after {FORM_TIMEOUT_S:g} s)")
     for rank in waiting:
         act = answers.get(rank)
         if act is None:

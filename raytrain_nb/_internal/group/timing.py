@@ -26,7 +26,7 @@ SNAPSHOT_WRITE_S = 600.0
 STEP_CHECK_S = 1.0
 STEP_GRACE_S = 5.0
 #: Before a new formation: how long a rank still in an earlier, failed one may take to give up (a worker
-#: gives up forming after ``backend.FORM_TIMEOUT_S``, 60 s).
-SETTLE_S = 75.0
+#: gives up forming after ``backend.FORM_TIMEOUT_S``, 30 s).
+SETTLE_S = 45.0
 #: A quick step of starting a worker (opening the rendezvous store, setting the run directory).
 CONTROL_START_S = 60.0
