@@ -73,6 +73,14 @@ class FormationMixin:
         ranks in ``fresh`` also receive what they lack. Returns each rank's answer.
         """
         await_settled(list(self.slots), SETTLE_S)
+        if method == "join":  # a worker that never completed a formation (a failed one's) is new too
+            fresh = sorted(set(fresh) | {r for r, s in enumerate(self.slots) if not s.joined})
+            if src in fresh:
+                held = [r for r in range(len(self.slots)) if r not in fresh]
+                if not held:
+                    raise GroupError("no worker holds the group's state (every one is new): shut the group down "
+                                     "and start a new one, then roll back to a checkpoint")
+                src = held[0]
         infos = self._contexts()
         master = self.slots[0]
         # Ranks all on one machine talk over loopback only: nothing we open listens on other interfaces.
@@ -100,6 +108,7 @@ class FormationMixin:
                 logger.warning("%s", line)
                 self.replay_failures.append(line)
             slot.mark(SlotState.IDLE)
+            slot.joined = True
         return results
 
     def _heartbeat_s(self) -> float:

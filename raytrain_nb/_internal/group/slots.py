@@ -27,6 +27,9 @@ class Slot:
     device: str = "cpu"
     state: SlotState = SlotState.STARTING
     error: str = ""
+    #: Whether this worker has completed a formation of the group (until then it holds none of its
+    #: peers' state, and the next formation treats it as new, whatever happened in between).
+    joined: bool = False
 
     @property
     def place(self) -> Place:
