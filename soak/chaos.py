@@ -22,6 +22,7 @@ from typing import Any, List, Optional
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     p = argparse.ArgumentParser(prog="python -m soak.chaos", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--duration", type=float, default=120, help="seconds of steps (Ray's start included)")
@@ -35,6 +36,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    "snapshot writes slow enough to be hit by a fault")
     p.add_argument("--recover", choices=["random", "restart", "rescale"], default="random",
                    help="how a group with dead ranks is recovered after a step (default: a seeded choice)")
+    p.add_argument("--grace", type=float, default=0, help="after a call misses its deadline (a violation), wait this "
+                   "many seconds more: a call that then returns is an 'over deadline' and the soak goes on; one that "
+                   "does not is a 'hang' and stops it")
     p.add_argument("--heartbeat", type=float, default=5.0, help="heartbeat timeout (s) of Python-driven groups")
     p.add_argument("--out", default=None, help="folder for the step list, notes, stacks and runs (default: a temp dir)")
     p.add_argument("--lib", default=None, help="import raytrain_nb from this folder (e.g. an unpacked `git archive`), "
@@ -100,6 +104,7 @@ def _bounded(fn: Any, seconds: float) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    """Run the plan; print the summary and the replay line. Returns 0, 1 (violations) or 2 (the soak failed)."""
     args = parse_args(argv)
     args.seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     out_dir = os.path.abspath(args.out or tempfile.mkdtemp(prefix=f"raytrain-soak-{args.seed}-"))
@@ -196,16 +201,22 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"  (from the last episode: --replay \"{','.join(last)}\")")
         for drv in rn.drivers.values():
             _bounded(drv.close, 60)
-        if hung:
+        if hung:  # a call still runs in some thread: no clean exit; stop Ray's and the kernel's processes
+            sys.stdout.flush()
+            sys.stderr.flush()
             _kill_children()
             os._exit(1)
         import ray
 
         _bounded(ray.shutdown, 60)
-        if not rn.stats.violations and not args.keep:
+        if not rn.stats.violations and not args.keep:  # keep steps.txt; the runs, notes and work dir go
+            import glob
             import shutil
 
             shutil.rmtree(storage, ignore_errors=True)
+            shutil.rmtree(work, ignore_errors=True)
+            for notes in glob.glob(os.path.join(out_dir, "notes-e*.jsonl")):
+                os.remove(notes)
     return 1 if rn.stats.violations else 2 if harness_error else 0
 
 

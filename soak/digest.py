@@ -131,8 +131,12 @@ def soak_digests(ns: Dict[str, Any]) -> Dict[str, str]:
     return {path: soak_digest(obj.state_dict()) for path, obj in soak_find(ns).items()}
 
 
+#: Left out of reported checkpoints: the big untrained module (it only makes snapshots slow).
+SOAK_NOT_REPORTED = ("ballast",)
+
+
 def soak_state(ns: Dict[str, Any]) -> Dict[str, Any]:
-    """path -> CPU copy of the state dict, for a reported checkpoint's ``state.pt``."""
+    """path -> CPU copy of the state dict, for a reported checkpoint's ``state.pt`` (all but the ballast)."""
     import torch
 
     def cpu(o: Any) -> Any:
@@ -144,7 +148,7 @@ def soak_state(ns: Dict[str, Any]) -> Dict[str, Any]:
             return type(o)(cpu(v) for v in o)
         return o
 
-    return {path: cpu(obj.state_dict()) for path, obj in soak_find(ns).items()}
+    return {path: cpu(obj.state_dict()) for path, obj in soak_find(ns).items() if path not in SOAK_NOT_REPORTED}
 
 
 def soak_note(kind: str, tag: str, step: Any, ns: Dict[str, Any]) -> Dict[str, str]:

@@ -107,15 +107,25 @@ class KernelDriver:
         try:
             self.k.finish(cell, max(1.0, deadline_s - (time.monotonic() - started)))
         except TimeoutError:
+            def later(seconds: float) -> Optional[Outcome]:
+                try:
+                    self.k.finish(cell, seconds)
+                except TimeoutError:
+                    return None
+                return self._outcome(cell, time.monotonic() - started)
+
             return Outcome(ok=False, error_type="Hang", message=f"kernel cell still running after {deadline_s:g} s:\n"
-                           f"{code[:300]}", named=False, hung=True, elapsed=deadline_s), acted
-        elapsed = time.monotonic() - started
+                           f"{code[:300]}", named=False, hung=True, elapsed=deadline_s, later=later), acted
+        return self._outcome(cell, time.monotonic() - started), acted
+
+    @staticmethod
+    def _outcome(cell: Any, elapsed: float) -> Outcome:
         if cell.status == "ok":
-            return Outcome(ok=True, value=cell, elapsed=elapsed), acted
+            return Outcome(ok=True, value=cell, elapsed=elapsed)
         ename, evalue = cell.reply.get("ename", "?"), cell.reply.get("evalue", "")
         text = evalue or cell.error_text
         return Outcome(ok=False, value=cell, error_type=ename, message=text[:2000],
-                       named=ename in NAMED_KERNEL_ERRORS and bool(text.strip()), elapsed=elapsed), acted
+                       named=ename in NAMED_KERNEL_ERRORS and bool(text.strip()), elapsed=elapsed)
 
     def _pump(self, cell: Any, seconds: float) -> bool:
         """Read the cell's messages for ``seconds``; True once it has ended."""

@@ -53,7 +53,7 @@ class Ledger:
         self.committed: Dict[str, str] = {}  # name -> kind, every committed checkpoint seen
         self.verified: Set[str] = set()
         self.snapshot_digests: Dict[str, Set[str]] = {}  # snapshot name -> what it holds
-        self.lost_reported: Set[str] = set()
+        self.tags: Dict[str, str] = {}  # reported checkpoint -> tag of the cell that wrote it
 
     # -- expectations ----------------------------------------------------------------------------
 
@@ -136,7 +136,7 @@ class Ledger:
                 saved = saved_digests(replicated)
                 self.snapshot_digests[entry.name] = saved
                 return self._check_snapshot(entry.name, saved, notes)
-            return self._check_reported(local, notes)
+            return self._check_reported(entry.name, local, notes)
         except Exception as exc:  # noqa: BLE001
             return f"its files do not load: {type(exc).__name__}: {str(exc)[:300]}"
         finally:
@@ -154,7 +154,7 @@ class Ledger:
         return (f"holds other state than was saved ({len(saved)} objects; none of {len(options)} expected "
                 "states matches)")
 
-    def _check_reported(self, local: str, notes: List[Dict[str, Any]]) -> Optional[str]:
+    def _check_reported(self, name: str, local: str, notes: List[Dict[str, Any]]) -> Optional[str]:
         import torch
 
         meta_path = os.path.join(local, "soak.json")
@@ -162,36 +162,23 @@ class Ledger:
             return "soak.json is missing (rank 0's files are not all there)"
         with open(meta_path) as fh:
             meta = json.load(fh)
+        self.tags[name] = meta["tag"]
         state = torch.load(os.path.join(local, "state.pt"), weights_only=True, map_location="cpu")
         now = {path: digest.soak_digest(sd) for path, sd in state.items()}
-        if now != meta["digests"]:
-            bad = sorted(p for p in set(now) | set(meta["digests"]) if now.get(p) != meta["digests"].get(p))
+        saved = {p: d for p, d in meta["digests"].items() if p not in digest.SOAK_NOT_REPORTED}
+        if now != saved:
+            bad = sorted(p for p in set(now) | set(saved) if now.get(p) != saved.get(p))
             return f"state.pt differs from what rank 0 saved ({', '.join(bad[:4])})"
         noted = [n for n in notes if n.get("tag") == meta["tag"] and n.get("step") == meta["step"]
                  and n.get("kind") == "ckpt"]
-        if noted and not any(n["digests"] == now for n in noted):
+        if noted and not any(n["digests"] == meta["digests"] for n in noted):
             return f"holds other state than rank 0 noted at step {meta['step']}"
         return None
 
     def reported_of(self, tag: str) -> List[str]:
-        """Names of the committed reported checkpoints written by cell ``tag``."""
-        names = []
-        for entry in self.entries():
-            if entry.kind != "reported":
-                continue
-            try:
-                local = entry.checkpoint.to_directory()
-            except Exception:  # noqa: BLE001 - reported by check()
-                continue
-            try:
-                with open(os.path.join(local, "soak.json")) as fh:
-                    if json.load(fh).get("tag") == tag:
-                        names.append(entry.name)
-            except (OSError, ValueError):
-                pass
-            finally:
-                shutil.rmtree(local, ignore_errors=True)
-        return names
+        """Names of the committed reported checkpoints written by cell ``tag`` (verifying new ones first)."""
+        self.check()
+        return sorted(n for n, t in self.tags.items() if t == tag and n in self.committed)
 
     def rollback_problem(self, name: str, per_rank: List[Dict[str, str]]) -> Optional[str]:
         """After rolling back to ``name``: every object it saved must be back on every rank."""

@@ -89,14 +89,17 @@ class Runner:
         print(f"    {text}", flush=True)
 
     def record(self, op: str, out: Outcome, accept_unnamed: bool = False) -> Outcome:
-        """Count one operation; a hang stops the soak, a failure that is not named is a violation."""
-        self.stats.op(op, out.label)
+        """Count one operation. A failure that is not named is a violation; so is a call past its deadline,
+        which stops the soak unless it returns within ``--grace`` seconds more."""
+        if out.hung:
+            self.say(f"{op}: {out.short()} ({out.elapsed:.1f} s)")
+            out = self.hang(op, out)  # returns only when the call ended within the grace period
+            self.stats.op(op, f"late {out.label}")
+        else:
+            self.stats.op(op, out.label)
         if not out.ok:
             self.stats.errors[(op, out.error_type)] += 1
-        tail = f"{op}: {out.short()} ({out.elapsed:.1f} s)"
-        self.say(tail)
-        if out.hung:
-            self.hang(op, out)
+        self.say(f"{op}: {out.short()} ({out.elapsed:.1f} s)")
         if not out.ok and not out.named and not accept_unnamed:
             self.violate("unnamed failure", f"{op}: {out.error_type}: {out.message}")
         if not out.ok and "NameError" in out.message:
@@ -104,14 +107,22 @@ class Runner:
             self.stats.note("NameError after a replacement (state made in a training cell is not rebuilt)")
         return out
 
-    def hang(self, op: str, out: Outcome) -> None:
+    def hang(self, op: str, out: Outcome) -> Outcome:
+        """A call past its deadline: dump every stack, then (with ``--grace``) wait longer to tell a slow call
+        from one that never returns. Only the latter stops the soak."""
         pids = [os.getpid(), self.d.driver_pid() if self.d else 0] + self.worker_pids()
         files = dump_stacks(pids, os.path.join(self.out_dir, "stacks"), f"step{self.index}")
-        detail = out.message + "".join(f"\n--- {f}\n{excerpt(f)}" for f in files)
-        self.stats.violate(self.index, self.token, "hang", detail)
-        print(f"VIOLATION hang in {op}: {out.message}; stacks in {os.path.dirname(files[0]) if files else '-'}")
+        print(f"    {op} is past its deadline: {out.message}; stacks in {os.path.dirname(files[0]) if files else '-'}")
         for f in files:
             print(f"--- {f}\n{excerpt(f, 60)}")
+        stacks = "".join(f"\n--- {f}\n{excerpt(f)}" for f in files)
+        late = out.later(self.args.grace) if out.later is not None and self.args.grace > 0 else None
+        if late is not None:
+            self.violate("over deadline", f"{op} returned only after {late.elapsed:.0f} s "
+                         f"(deadline {out.elapsed:g} s): {late.short()}{stacks}")
+            return late
+        more = f" (and {self.args.grace:g} s more)" if self.args.grace > 0 else ""
+        self.violate("hang", out.message + more + stacks)
         raise Hung(out.message)
 
     def fault(self, fired: Any, phase: str) -> None:
@@ -170,6 +181,7 @@ class Runner:
     # -- episodes ---------------------------------------------------------------------------------
 
     def begin_episode(self, driver: str, style: str, workers: int) -> None:
+        """End the current group; start one driven by ``driver`` (py/k), run the setup cells of ``style``."""
         self.end_episode()
         self.episode += 1
         self.style, self.width = programs.STYLES[style], 16

@@ -43,6 +43,7 @@ def step_ckpt(rn: Runner, a: List[str]) -> None:
 
 
 def step_bg(rn: Runner, a: List[str]) -> None:
+    """A background cell; after a delay, a snapshot (taken at the next report) or an interrupt; then wait."""
     steps, mid, delay = int(a[0]), a[1], float(a[2])
     tag = rn.tag()
     out = rn.record("bg-start", rn.d.bg_start(programs.training(rn.style, steps, "report", tag, sleep_s=0.15),
@@ -166,6 +167,7 @@ def step_kill_coll(rn: Runner, a: List[str]) -> None:
 
 
 def step_kill_bg(rn: Runner, a: List[str]) -> None:
+    """SIGKILL or SIGSTOP a rank while a background cell trains, then wait for the cell."""
     rn.digests = None
     out = rn.record("bg-start", rn.d.bg_start(programs.training(rn.style, 30, "report", rn.tag(), sleep_s=0.1),
                                              DEADLINES["cell"]))
@@ -198,6 +200,7 @@ def step_stop_ckpt(rn: Runner, a: List[str]) -> None:
 
 
 def step_kill_ackpt(rn: Runner, a: List[str]) -> None:
+    """An --async snapshot returns; SIGKILL a rank while (or after) it is written in the background."""
     name = rn.snap_name()
     rn.ledger.expect_snapshot(name, rn.rank0_digests())
     pids = rn.d.known_pids()
@@ -229,6 +232,7 @@ def _rescale_fault(rn: Runner, kind: str, direction: str, who: str, frac: float,
 
 
 def step_kill_restart(rn: Runner, a: List[str]) -> None:
+    """SIGKILL a rank; once the group shows it dead, restart, and SIGKILL another (or the new one) meanwhile."""
     rn.digests = None
     pids = rn.d.known_pids()
     first = rn.victim(a[0], pids)()

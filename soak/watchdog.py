@@ -36,6 +36,8 @@ class Outcome:
         named: the failure is a library error with a message (always True when ok).
         hung: it was still running at its deadline.
         elapsed: seconds it took (the deadline when hung).
+        later: for a hang, ``later(seconds)`` waits that much longer and returns the final outcome
+            (None if it still runs), to tell a slow call from one that never returns.
     """
 
     ok: bool
@@ -45,6 +47,7 @@ class Outcome:
     named: bool = True
     hung: bool = False
     elapsed: float = 0.0
+    later: Optional[Callable[[float], Optional["Outcome"]]] = None
 
     @property
     def label(self) -> str:
@@ -88,12 +91,20 @@ def call_with_deadline(fn: Callable[[], Any], deadline_s: float, label: str) -> 
     thread = threading.Thread(target=main, name=f"soak-{label}", daemon=True)
     thread.start()
     thread.join(deadline_s)
+
+    def result() -> Outcome:
+        if "exc" in box:
+            return from_exception(box["exc"], box["t"])
+        return Outcome(ok=True, value=box.get("value"), elapsed=box["t"])
+
+    def later(seconds: float) -> Optional[Outcome]:
+        thread.join(seconds)
+        return None if thread.is_alive() else result()
+
     if thread.is_alive():
         return Outcome(ok=False, error_type="Hang", message=f"{label} still running after {deadline_s:g} s",
-                       named=False, hung=True, elapsed=deadline_s)
-    if "exc" in box:
-        return from_exception(box["exc"], box["t"])
-    return Outcome(ok=True, value=box.get("value"), elapsed=box["t"])
+                       named=False, hung=True, elapsed=deadline_s, later=later)
+    return result()
 
 
 def py_spy() -> Optional[str]:
