@@ -19,6 +19,19 @@ opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 model_id = id(model)
 """
 
+#: The most common first cell of a notebook (issue 13's regression): build a DDP model and train it a few steps.
+FIRST_CELL = """
+import os, time, torch, raytrain_nb as train
+from raytrain_nb.torch import prepare_model
+torch.manual_seed(0)
+model = prepare_model(torch.nn.Linear(16, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+def steps(n):
+    for _ in range(n):
+        loss = model(torch.randn(8, 16)).pow(2).mean(); opt.zero_grad(); loss.backward(); opt.step()
+steps(10)
+"""
+
 #: One training step of the model in :data:`SETUP`.
 STEP = """
 loss = model(torch.randn(32, 10)).pow(2).mean()

@@ -17,21 +17,9 @@ import torch
 from raytrain_nb import RecoveryError, WorkerError, WorkerGroup
 from raytrain_nb._internal.output import CollectSink
 
-from ..groups import MarkerSink
+from ..groups import FIRST_CELL, MarkerSink
 from ..waiting import bounded
 
-#: The most common first cell of a notebook: build a DDP model and train it a few steps.
-FIRST_CELL = """
-import os, time, torch, raytrain_nb as train
-from raytrain_nb.torch import prepare_model
-torch.manual_seed(0)
-model = prepare_model(torch.nn.Linear(16, 4))
-opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-def steps(n):
-    for _ in range(n):
-        loss = model(torch.randn(8, 16)).pow(2).mean(); opt.zero_grad(); loss.backward(); opt.step()
-steps(10)
-"""
 TRAIN_FOREVER = "print('training', flush=True)\nwhile True:\n    steps(1)"
 
 #: How the state of every rank is read: each tracked object's tensors, by path.

@@ -12,21 +12,13 @@ import signal
 
 import pytest
 
+from ..groups import FIRST_CELL as GROUP_FIRST_CELL
 from .nbkernel import START_TIMEOUT_S
 
 pytestmark = pytest.mark.notebook
 
-FIRST_CELL = """%%distributed --workers 2
-import os, time, torch, raytrain_nb as train
-from raytrain_nb.torch import prepare_model
-torch.manual_seed(0)
-model = prepare_model(torch.nn.Linear(16, 4))
-opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-def steps(n):
-    for _ in range(n):
-        loss = model(torch.randn(8, 16)).pow(2).mean(); opt.zero_grad(); loss.backward(); opt.step()
-steps(10)
-"""
+FIRST_CELL = "%%distributed --workers 2" + GROUP_FIRST_CELL
+
 #: Each rank's parameters and momentum, as one digest.
 DIGEST = """%%distributed
 import hashlib
