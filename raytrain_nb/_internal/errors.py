@@ -236,6 +236,12 @@ def failure_from_exception(rank: int, exc: BaseException, traceback_text: str, n
     )
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type name when it has none)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def describe(exc: Optional[BaseException]) -> str:
     """One line for an exception: ``Type: message``."""
     if exc is None:

@@ -6,7 +6,7 @@ import os
 from typing import Any, Dict, List, Sequence
 
 from .. import cluster, waits
-from ..errors import GroupError
+from ..errors import GroupError, first_line
 from ..worker.actor import remote_worker_class
 from .monitor import DEFAULT_HEARTBEAT_TIMEOUT_S
 from .ranks import assign_ranks, rank_infos
@@ -135,9 +135,3 @@ class FormationMixin:
 
     def _reform(self) -> None:
         self._rendezvous("join")
-
-
-def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message (its type name when it has none)."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, List
 
-from .formation import first_line
+from ..errors import first_line
 from .state import GroupState, SlotState
 from .timing import CONTROL_CALL_S, INTERRUPT_CALL_S, PING_S
 from .types import WorkerStatus

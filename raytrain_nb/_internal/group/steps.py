@@ -13,7 +13,7 @@ import time
 from typing import Any, Dict, List, Sequence
 
 from ..backend import FORM_TIMEOUT_S, FORMING
-from ..errors import GroupError, RecoveryError
+from ..errors import GroupError, RecoveryError, first_line
 from ..waits import SAY_AFTER_S
 from .slots import Slot
 from .timing import CONTROL_CALL_S, STEP_CHECK_S, STEP_GRACE_S
@@ -23,20 +23,15 @@ logger = logging.getLogger(__name__)
 _STEP_WORDS = {"_setup": "form the process group", "_join": "re-form the process group"}
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def _raise_for(exc: BaseException, what: str) -> None:
     import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
     if isinstance(exc, ray.exceptions.RayActorError):
-        raise GroupError(f"a worker died while trying to {what}: {_first_line(exc)}") from None
+        raise GroupError(f"a worker died while trying to {what}: {first_line(exc)}") from None
     cause = getattr(exc, "cause", None) or exc
     if isinstance(cause, GroupError):
-        raise type(cause)(_first_line(cause)) from None
-    raise GroupError(f"the workers could not {what}: {type(cause).__name__}: {_first_line(cause)}") from None
+        raise type(cause)(first_line(cause)) from None
+    raise GroupError(f"the workers could not {what}: {type(cause).__name__}: {first_line(cause)}") from None
 
 
 def _activities(slots: Sequence[Slot], ranks: Sequence[int]) -> Dict[int, Any]:
