@@ -82,7 +82,9 @@ def test_a_broken_layer_is_caught(tmp_path, module, line, contract):
 
 
 #: Functions that import a module the *user* names (to preload or reload it on the workers).
-_USER_NAMED = {("_internal/worker/actor.py", "_preload"), ("_internal/group/execution.py", "_reload")}
+#: ... or an optional third-party library its caller names (``extras.require("transformers")``).
+_USER_NAMED = {("_internal/worker/actor.py", "_preload"), ("_internal/group/execution.py", "_reload"),
+               ("_internal/extras.py", "require")}
 
 
 def test_no_lazy_imports_that_import_linter_cannot_see():

@@ -6,6 +6,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 from ..backend import deferred_ddp, free_port
 from . import cell as cellmod
+from .library_state import reset_library_state
 from .replicate import sync_replicated
 from .session import TrainContext, WorkerSession, dataset_shards, set_session
 
@@ -66,6 +67,7 @@ class FormingWorker:
             self.session.context = ctx
         set_session(self.session)
         self._attach_session()
+        reset_library_state(ctx)  # Accelerate, Transformers...: their caches hold the old rank and size
 
     def join(self, context: Dict[str, Any], env: Dict[str, str], master_addr: str, master_port: int,
              src: int = 0, fresh: bool = False, rank_specific: Sequence[str] = ()) -> Dict[str, Any]:
