@@ -6,6 +6,7 @@ driver stays as light as a notebook kernel's.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import statistics
 import sys
@@ -242,3 +243,43 @@ def _short_name(proc: Any) -> str:
         if part.endswith(".py"):
             return os.path.basename(part)
     return os.path.basename(cmd[0])
+
+
+# -- torchrun baselines (bench_transformers, bench_lightning) -------------------------------------------
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (for torchrun's rendezvous)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_cmd(script: str, *args: str, nice: int = 0) -> List[str]:
+    """``torchrun --nproc-per-node 2`` of ``script`` on 127.0.0.1 (at niceness ``nice`` when not 0)."""
+    return ["nice", "-n", str(nice)] * bool(nice) + [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+        "--master-port", str(free_port()), script, *args]
+
+
+def torchrun_env() -> Dict[str, str]:
+    """One torch thread per process, as every benchmark runs; torchrun's error file discarded."""
+    return dict(os.environ, OMP_NUM_THREADS="1", TORCHELASTIC_ERROR_FILE=os.devnull)
+
+
+def wait_json(paths: List[str], timeout: float, proc: Any) -> List[Dict[str, float]]:
+    """Wait until every file exists (polling, with a deadline and a check that ``proc`` still runs), then read them."""
+    deadline = time.time() + timeout
+    while not all(os.path.exists(p) for p in paths):
+        if proc.poll() is not None:
+            raise RuntimeError(f"torchrun exited with {proc.returncode} before writing {paths}")
+        if time.time() > deadline:
+            raise TimeoutError(f"torchrun wrote none of {paths} within {timeout:.0f} s")
+        time.sleep(0.02)
+    out = []
+    for p in paths:
+        with open(p) as fh:
+            out.append(json.load(fh))
+    return out

@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 from ..backend import deferred_ddp, free_port
 from . import cell as cellmod
-from .library_state import reset_library_state
+from .library_state import library_env, reset_library_state
 from .replicate import sync_replicated
 from .session import TrainContext, WorkerSession, dataset_shards, set_session
 
@@ -47,6 +47,7 @@ class FormingWorker:
             if torch.cuda.is_available() and os.environ.get("CUDA_VISIBLE_DEVICES", "") not in ("", "-1"):
                 torch.cuda.set_device(0)
                 device = f"cuda:{torch.cuda.current_device()} ({torch.cuda.get_device_name()})"
+            os.environ.update(library_env(backend, cuda=device != "cpu"))  # Accelerate: use this group
             if defer:
                 self.pg.deferred = True
             else:

@@ -17,6 +17,12 @@ MAX_DEPTH = 3
 MAX_ITEMS = 64
 MAX_NODES = 5000
 
+#: Properties read as children (not in the object's ``__dict__``), by the defining class's module and name:
+#: a Lightning Trainer keeps its module, optimizers and schedulers in its strategy's private fields.
+PROPERTIES: Dict[str, Tuple[str, ...]] = {
+    "lightning.pytorch.trainer.trainer.Trainer": ("lightning_module", "optimizers", "lr_scheduler_configs"),
+}
+
 _LEAF_TYPES = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
                int, float, str, bytes, bool, type(None), complex, range, memoryview)
 _LEAF_MODULES = ("torch", "numpy", "pandas", "pyarrow", "ray", "builtins", "threading", "_thread", "io",
@@ -39,8 +45,20 @@ def _children(obj: Any, path: str) -> List[Tuple[str, Any]]:
     attrs = getattr(obj, "__dict__", None)
     if not isinstance(attrs, dict):
         return []
-    return [(f"{path}.{k}", v) for k, v in list(attrs.items())[:MAX_ITEMS]
-            if isinstance(k, str) and not k.startswith("_")]
+    return _properties(obj, path) + [(f"{path}.{k}", v) for k, v in list(attrs.items())[:MAX_ITEMS]
+                                     if isinstance(k, str) and not k.startswith("_")]
+
+
+def _properties(obj: Any, path: str) -> List[Tuple[str, Any]]:
+    """The :data:`PROPERTIES` of ``obj``'s class (or a base class) that it can give now."""
+    out: List[Tuple[str, Any]] = []
+    for klass in type(obj).__mro__:
+        for name in PROPERTIES.get(f"{klass.__module__}.{klass.__qualname__}", ()):
+            try:
+                out.append((f"{path}.{name}", getattr(obj, name)))
+            except Exception:  # noqa: BLE001 - a property that cannot answer yet (no fit so far) has no child
+                continue
+    return out
 
 
 def walk(namespace: Dict[str, Any], is_target: Any = None) -> Iterator[Tuple[str, Any]]:
