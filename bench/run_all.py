@@ -65,7 +65,7 @@ def main() -> int:
     parser.add_argument("--only", default="", help="comma-separated section numbers (1-10)")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     args = parser.parse_args()
-    only = {int(x) for x in args.only.split(",") if x.strip()} or set(range(1, 11))
+    only = {int(x) for x in args.only.split(",") if x.strip()} or set(range(1, 20))
 
     started = time.time()
     load_start = loadavg()
@@ -135,7 +135,12 @@ def main() -> int:
     # 9 dashboard, 10 trainer.
     for number, module, kwargs in ((7, "bench_checkpoint", {"rounds": 3 if args.quick else 7}),
                                    (8, "bench_recovery", {"rounds": 1 if args.quick else 3}),
-                                   (9, "bench_dashboard", {"quick": args.quick}), (10, "bench_trainer", {"quick": args.quick})):
+                                   (9, "bench_dashboard", {"quick": args.quick}), (10, "bench_trainer", {"quick": args.quick}),
+                                   (11, "bench_tune", {"quick": args.quick}),
+                                   (12, "bench_tune_warm", {"quick": args.quick}),
+                                   (13, "bench_tune_widget", {"quick": args.quick}),
+                                   (14, "bench_transformers", {"quick": args.quick}),
+                                   (15, "bench_lightning", {"quick": args.quick})):
         if number in only and os.path.exists(os.path.join(BENCH_DIR, module + ".py")):
             attempt(module, lambda m=module, kw=kwargs: __import__(m).run(**kw))
 

@@ -1,4 +1,4 @@
-"""Magics for the group's state: checkpoints, rollback, restart, rescale, history."""
+"""Magics for the group's state: checkpoints, rollback, loading a checkpoint, restart, rescale, history."""
 from __future__ import annotations
 
 from typing import Any
@@ -90,6 +90,23 @@ class StateMagics(Magics):
         """
         args = parse_argstring(self.dist_rollback, line)
         print(call(need_group().rollback, args.name, run=args.run, allow_pickle=args.allow_pickle))
+
+    @magic_arguments()
+    @argument("path", help="the checkpoint: a local path or URL (s3://...); {expr} inserts a Python value")
+    @argument("--allow-pickle", dest="allow_pickle", action="store_true",
+              help="allow unpickling a snapshot's saved --vars that are not plain data")
+    @line_magic
+    def dist_load(self, line: str) -> None:
+        """Load a checkpoint of named state into the same named objects on every worker: a snapshot of
+        any run, or the checkpoint a trial saved with ``raytrain_nb.tune.save_state`` (a sweep's winner).
+
+        Example::
+
+            In [11]: best = results.get_best_result()
+            In [12]: %dist_load {best.checkpoint.path}
+        """
+        args = parse_argstring(self.dist_load, line)
+        print(call(need_group().load, args.path, allow_pickle=args.allow_pickle))
 
     @magic_arguments()
     @argument("--from-checkpoint", dest="from_checkpoint", nargs="?", const="latest", default=None,

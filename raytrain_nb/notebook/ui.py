@@ -20,6 +20,16 @@ UI_ENV = "RAYTRAIN_NB_UI"
 MODES = ("auto", "widgets", "text", "none")
 
 
+def in_kernel() -> bool:
+    """Whether this process is a Jupyter kernel (``get_ipython()`` has a ``kernel``)."""
+    try:
+        from IPython import get_ipython  # IPython: only inside a kernel
+    except ImportError:  # pragma: no cover - IPython is a dependency
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
 def ui_mode() -> str:
     """``widgets``, ``text`` or ``none`` for this process.
 
@@ -31,12 +41,7 @@ def ui_mode() -> str:
         raise ValueError(f"{UI_ENV}={mode!r} is unknown: use one of {', '.join(MODES)}")
     if mode != "auto":
         return mode
-    try:
-        from IPython import get_ipython  # IPython: only inside a kernel
-    except ImportError:  # pragma: no cover - IPython is a dependency
-        return "text"
-    shell = get_ipython()
-    if shell is None or getattr(shell, "kernel", None) is None:
+    if not in_kernel():
         return "text"
     try:
         import ipywidgets  # noqa: F401

@@ -19,8 +19,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # torch_data.py first: its ray.data call starts Ray implicitly, which must give the quiet embedded instance
-EXAMPLES = ["torch_data.py", "torch_quickstart.py", "torch_fault_tolerance.py"]
-_IMPORT = re.compile(r"^\s*(import|from)\s+ray\.train\b")
+EXAMPLES = ["torch_data.py", "torch_quickstart.py", "torch_fault_tolerance.py", "transformers_torch_trainer.py",
+            "tune_torch.py"]
+_IMPORT = re.compile(r"^\s*(import|from)\s+ray\.(train|tune\.integration\.ray_train)\b")
 
 
 def port(source: str) -> str:
@@ -28,6 +29,7 @@ def port(source: str) -> str:
     out = []
     for line in source.splitlines(keepends=True):
         if _IMPORT.match(line):
+            line = line.replace("ray.tune.integration.ray_train", "raytrain_nb.tune")  # ray.tune itself stays
             line = line.replace("ray.train.torch", "raytrain_nb.torch").replace("ray.train", "raytrain_nb")
         out.append(line)
     return "".join(out)
@@ -62,12 +64,12 @@ def test_ray_train_examples_run_after_the_import_change(tmp_path):
         path = tmp_path / name
         path.write_text(port((ROOT / "examples" / name).read_text()))
         paths.append(str(path))
-    env = {**os.environ, "RAYTRAIN_NB_STORAGE_PATH": str(tmp_path / "runs"), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "RAYTRAIN_NB_STORAGE_PATH": str(tmp_path / "runs"), "TUNE_STORAGE_PATH": str(tmp_path / "tune"), "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", RUNNER, *paths], capture_output=True, text=True, timeout=580,
                           env=env, cwd=tmp_path)
     out = proc.stdout
     assert proc.returncode == 0, (out[-3000:], proc.stderr[-5000:])
-    for marker in ("QUICKSTART OK", "DATA OK", "FAULT TOLERANCE OK"):
+    for marker in ("QUICKSTART OK", "DATA OK", "FAULT TOLERANCE OK", "TRANSFORMERS OK", "TUNE OK"):
         assert marker in out
     # worker output carries its rank; progress goes to stderr, one line per report
     assert "[rank 0] {'epoch': 2" in out, out[-3000:]

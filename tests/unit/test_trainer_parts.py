@@ -27,7 +27,7 @@ class FakeGroup:
         self.slots.assign([Slot(actor=f"actor{i}", pg=f"pg{i}", bundle=i, info={}, state=SlotState(s))
                            for i, s in enumerate(states)])
         self.slots.free = list(free)
-        self.config = types.SimpleNamespace(bundle=lambda: {"CPU": 1.0})
+        self.config = types.SimpleNamespace(placement_bundle=lambda: {"CPU": 1.0})
 
     @property
     def num_workers(self):

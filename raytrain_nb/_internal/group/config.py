@@ -61,3 +61,8 @@ class GroupConfig:
             out["GPU"] = float(self.gpus_per_worker)
         out.update({k: float(v) for k, v in (self.resources_per_worker or {}).items()})
         return {k: v for k, v in out.items() if v}
+
+    def placement_bundle(self) -> Dict[str, float]:
+        """:meth:`bundle`, or a token of memory for a worker that reserves nothing (Ray needs a non-empty
+        bundle, and a token CPU would keep the last whole CPU from Ray Data's tasks)."""
+        return self.bundle() or {"memory": float(1 << 20)}

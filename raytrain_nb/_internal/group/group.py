@@ -23,10 +23,10 @@ from .execution import ExecutionMixin
 from .formation import FormationMixin
 from .liveness import LivenessMixin
 from .monitor import DEFAULT_HEARTBEAT_TIMEOUT_S, HealthMonitor
-from .placement import reserve
+from .placement import reserve, share_cpus
 from .recovery import replace_ranks, rescale, restart
 from .slots import SlotTable
-from .snapshots import RollbackResult, checkpoint, rollback, wait_background
+from .snapshots import RollbackResult, checkpoint, load, rollback, wait_background
 from .state import GroupState, SlotState, check_transition
 from .timing import CONTROL_CALL_S, CONTROL_START_S
 from .types import CellRecord
@@ -76,7 +76,7 @@ class WorkerGroup(FormationMixin, ExecutionMixin, LivenessMixin):
     def __init__(self, num_workers: int = 2, *, cpus_per_worker: float = 1, gpus_per_worker: float = 0,
                  resources_per_worker: Optional[Dict[str, float]] = None, placement_strategy: str = "PACK",
                  backend: Optional[str] = None, address: Optional[str] = None, name: Optional[str] = None,
-                 placement_timeout_s: float = 10.0, start_timeout_s: float = 180.0,
+                 placement_timeout_s: Optional[float] = 10.0, start_timeout_s: float = 180.0,
                  heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S, spares: int = 0,
                  storage_path: Optional[str] = None, num_to_keep: Optional[int] = None,
                  checkpoint_score_attribute: Optional[str] = None, checkpoint_score_order: str = "max",
@@ -85,6 +85,7 @@ class WorkerGroup(FormationMixin, ExecutionMixin, LivenessMixin):
         self.config = GroupConfig(num_workers=num_workers, cpus_per_worker=cpus_per_worker,
                                   gpus_per_worker=gpus_per_worker, resources_per_worker=resources_per_worker,
                                   placement_strategy=placement_strategy, backend=backend)
+        self.cpus_asked = float(cpus_per_worker)  # config's may be a share of the machine's (share_cpus)
         self.backend = self.config.resolved_backend
         self.address = address
         self.name = name or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"  # unique per writer
@@ -112,6 +113,7 @@ class WorkerGroup(FormationMixin, ExecutionMixin, LivenessMixin):
                                       checkpoint_score_order, owner=f"group {self.name!r}")
         try:
             cluster.connect(address)
+            self.config = share_cpus(self.config, num_workers + spares)  # more than the machine has: shared
             self.slots.pgs.append(reserve(self.config, num_workers + spares, placement_timeout_s))
         except BaseException:
             self.run_storage.close()
@@ -237,6 +239,28 @@ class WorkerGroup(FormationMixin, ExecutionMixin, LivenessMixin):
             not restored, that changed since the snapshot.
         """
         return rollback(self, name_or_index, run, allow_pickle)
+
+    def load(self, checkpoint: Any, *, allow_pickle: bool = False) -> RollbackResult:
+        """Load a checkpoint of named state into the same named objects on every rank (``id()`` unchanged).
+
+        The checkpoint is a snapshot (of any run) or one a trial wrote with
+        ``raytrain_nb.tune.save_state(dir, model=model, opt=opt)``: each saved name (``model``,
+        ``opt``) loads into the object bound to that name here, as rollback does.
+
+        Args:
+            checkpoint: a path or fsspec URL, a ``Checkpoint``, or a result holding one (Ray
+                Tune's ``ResultGrid.get_best_result()``, ``trainer.fit()``'s).
+            allow_pickle: allow unpickling a snapshot's saved ``vars`` that are not plain data.
+
+        Raises:
+            CheckpointError: not a checkpoint of named state, or damaged; GroupError: a saved name
+                is missing here or its shape differs (nothing is loaded then).
+
+        Example:
+            >>> group.load(results.get_best_result())   # doctest: +SKIP
+            loaded /runs/trial_1/checkpoint_000003: restored model, opt
+        """
+        return load(self, checkpoint, allow_pickle)
 
     def attach_datasets(self, **datasets: Any) -> None:
         """Split Ray Data datasets across the ranks; ``get_dataset_shard(name)`` returns each rank's part.

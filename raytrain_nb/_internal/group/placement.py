@@ -1,14 +1,17 @@
-"""Reserve resources for a group (feasibility check at once, then a placement group with a timeout),
-and tell when the places of dead workers can take new ones."""
+"""Reserve resources for a group (feasibility check at once, then a placement group with a timeout, or
+none for a caller that waits as long as it lives), and tell when the places of dead workers can take new ones."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
+from .. import cluster
 from ..errors import ResourceError
 from ..waits import wait_until, wait_within
 from .config import GroupConfig
+from .keeper import remove_with_caller
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +43,33 @@ def check_feasible(config: GroupConfig, count: int, total: Dict[str, float],
         raise ResourceError(f"one worker asks for {_fmt(bundle)}, more than any single node has")
 
 
+#: On the embedded instance a group may ask up to this many times the CPUs the machine (or container) has.
+SHARE_LIMIT = 4
+
+
+def share_cpus(config: GroupConfig, count: int) -> GroupConfig:
+    """On the embedded instance, a group of ``count`` asking more CPUs than there are (up to
+    :data:`SHARE_LIMIT` times) shares them: each worker reserves an equal part of all but one CPU (none on
+    one CPU), so one is left for Ray Data's tasks, and a one-line note says so. Otherwise ``config``.
+
+    Beyond the limit, and on a cluster this process did not start, the request is left to
+    :func:`check_feasible`'s error.
+    """
+    import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
+
+    per = float(config.cpus_per_worker)
+    if not cluster.started_by_us() or per == 0:
+        return config
+    have = float(ray.cluster_resources().get("CPU", 0.0))
+    asked = per * count
+    if asked <= have + 1e-9 or asked > SHARE_LIMIT * have + 1e-9 or have <= 0:
+        return config
+    shared = int(max(0.0, have - 1.0) / count * 1000) / 1000  # Ray keeps 4 decimals; round down
+    logger.warning("%d workers x %g CPU = %g CPU asked on a machine with %g: the workers share its CPUs "
+                   "(each runs slower; up to %dx the CPUs can be shared)", count, per, asked, have, SHARE_LIMIT)
+    return dataclasses.replace(config, cpus_per_worker=shared)
+
+
 def check_cluster(config: GroupConfig, count: int) -> None:
     """:func:`check_feasible` against the connected Ray cluster."""
     import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
@@ -48,8 +78,32 @@ def check_cluster(config: GroupConfig, count: int) -> None:
     check_feasible(config, count, ray.cluster_resources(), nodes)
 
 
-def reserve(config: GroupConfig, count: int, timeout_s: float) -> Any:
+#: A wait without a deadline says what it waits for after this long, then every ``UNBOUNDED_SAY_EVERY_S``.
+UNBOUNDED_FIRST_SAY_S = 5.0
+UNBOUNDED_SAY_EVERY_S = 30.0
+
+
+def _await_unbounded(ready_ref: Any, what: str) -> bool:
+    """Wait for ``ready_ref`` as long as the caller lives, saying at WARNING what it waits for, how long so far
+    and what is free, after 5 s and then every 30 s."""
+    import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
+
+    start = time.monotonic()
+    slice_s = UNBOUNDED_FIRST_SAY_S
+    while True:
+        ready, _ = ray.wait([ready_ref], timeout=slice_s)
+        if ready:
+            return True
+        logger.warning("waiting for %s, with no deadline: as long as the caller lives (%.0f s so far); free now: %s",
+                       what, time.monotonic() - start, _fmt(ray.available_resources()))
+        slice_s = UNBOUNDED_SAY_EVERY_S
+
+
+def reserve(config: GroupConfig, count: int, timeout_s: Optional[float]) -> Any:
     """Create a ready placement group of ``count`` bundles, or raise within ``timeout_s``.
+
+    ``timeout_s=None`` waits as long as the caller lives (a group inside a Ray Tune trial, where Tune
+    decides how many trials run at once), saying every 30 s what it waits for.
 
     Raises:
         ResourceError: the resources did not become free in time (names what is free).
@@ -59,11 +113,15 @@ def reserve(config: GroupConfig, count: int, timeout_s: float) -> Any:
         placement_group, remove_placement_group)
 
     check_cluster(config, count)
-    bundle = config.bundle() or {"CPU": 0.001}
+    bundle = config.placement_bundle()
     pg = placement_group([dict(bundle) for _ in range(count)], strategy=config.placement_strategy)
+    remove_with_caller(pg)  # made inside an actor (a Tune trial): removed when that actor dies, whatever stops it
+    what = f"resources for {count} workers x ({_fmt(bundle)}), strategy {config.placement_strategy}"
     try:
-        ready, _ = wait_within([pg.ready()], timeout_s, f"resources for {count} workers x ({_fmt(bundle)}), "
-                               f"strategy {config.placement_strategy}", logger)
+        if timeout_s is None:
+            ready = _await_unbounded(pg.ready(), what)
+        else:
+            ready = bool(wait_within([pg.ready()], timeout_s, what, logger)[0])
     except BaseException:  # Ctrl-C (or anything else) while waiting: never leave the reservation behind
         remove_placement_group(pg)
         raise

@@ -16,7 +16,7 @@ import re
 from typing import TYPE_CHECKING, Any, Dict, List, Sequence
 
 from ..errors import GroupError, RecoveryError
-from .placement import await_bundles, await_recorded_deaths, bundles_placed, check_cluster, reserve
+from .placement import await_bundles, await_recorded_deaths, bundles_placed, check_cluster, reserve, share_cpus
 from .slots import Place, Slot
 from .state import GroupState, SlotState
 from .timing import CONTROL_START_S
@@ -162,6 +162,9 @@ def rescale(group: "WorkerGroup", num_workers: int) -> None:
         raise GroupError("every worker is dead: nothing to keep; shut the group down and start a new one")
     keep, drop = alive[:num_workers], alive[num_workers:] + [slots[r] for r in slots.gone_ranks()]
     need = num_workers - len(keep)
+    shared = share_cpus(dataclasses.replace(group.config, num_workers=num_workers, cpus_per_worker=group.cpus_asked),
+                        num_workers)  # new workers take the share of the new size
+    group.config = dataclasses.replace(group.config, cpus_per_worker=shared.cpus_per_worker)
     check_cluster(dataclasses.replace(group.config, num_workers=num_workers), num_workers)
     extra_pg, extra_size = None, 0
     if need > len(drop) + len(slots.free):  # reserve the rest before touching anything: fail fast

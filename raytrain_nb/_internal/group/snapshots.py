@@ -1,7 +1,7 @@
 """Driver side of snapshots: take one on every rank (between cells or at a step boundary),
-write it in the background, and roll every rank back to one.
+write it in the background, roll every rank back to one, and load any state checkpoint.
 
-``WorkerGroup.checkpoint`` / ``rollback`` / ``checkpoints`` call into here; the group's
+``WorkerGroup.checkpoint`` / ``rollback`` / ``load`` / ``checkpoints`` call into here; the group's
 :class:`~raytrain_nb._internal.checkpoint.run_storage.RunStorage` owns the checkpoint manager.
 """
 from __future__ import annotations
@@ -12,10 +12,12 @@ import threading
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
 from ..checkpoint.manager import CheckpointEntry, CheckpointManager
+from ..checkpoint.sources import as_checkpoint
 from ..checkpoint.staging import discard_dir
 from ..checkpoint.storage import join
 from ..errors import CheckpointError
 from ..waits import get_within, join_within, wait_within
+from ..worker.snapshot_io import state_files
 from . import timing
 from .monitor import death_cause
 from .state import GroupState
@@ -37,9 +39,10 @@ class RollbackResult:
     name: str
     restored: List[str]
     changed: List[str]
+    verb: str = "rolled back to"
 
     def __str__(self) -> str:
-        text = f"rolled back to {self.name}: restored {', '.join(self.restored) or 'nothing'}"
+        text = f"{self.verb} {self.name}: restored {', '.join(self.restored) or 'nothing'}"
         if self.changed:
             text += (f"; not restored and changed since the snapshot: {', '.join(self.changed)} "
                      "(name them with --vars to save them too)")
@@ -166,3 +169,15 @@ def rollback(group: "WorkerGroup", name_or_index: Union[str, int], run: Optional
                          timing.SNAPSHOT_WRITE_S, "roll back")
     changed = sorted({n for r in results for n in r["changed"]})
     return RollbackResult(entry.name, results[0]["restored"], changed)
+
+
+def load(group: "WorkerGroup", source: Any, allow_pickle: bool) -> RollbackResult:
+    """Load a state checkpoint into every rank's same named objects (see :meth:`WorkerGroup.load`)."""
+    group._check_usable()
+    url = as_checkpoint(source, "group.load").url
+    state_files(url)  # on the driver first: a wrong directory fails once, before any rank loads
+    wait_background(group)
+    results = group._get([s.actor.load_state.remote(url, allow_pickle) for s in group.slots],
+                         timing.SNAPSHOT_WRITE_S, "load a checkpoint into")
+    changed = sorted({n for r in results for n in r["changed"]})
+    return RollbackResult(url, results[0]["restored"], changed, verb="loaded")

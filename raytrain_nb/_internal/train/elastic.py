@@ -138,7 +138,7 @@ def growth(group: "WorkerGroup", scaling: "ScalingConfig") -> int:
     placed = bundles_placed(list(group.slots.free))
     if not all(placed):
         return min(room, sum(placed))
-    return min(room, len(placed) + _fits(ray.available_resources(), group.config.bundle() or {"CPU": 0.001}))
+    return min(room, len(placed) + _fits(ray.available_resources(), group.config.placement_bundle()))
 
 
 def start_size(scaling: "ScalingConfig", bundle: Dict[str, float]) -> int:

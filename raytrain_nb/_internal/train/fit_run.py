@@ -25,6 +25,7 @@ from .config import RunConfig
 from .progress import ProgressLine, ReportCollector, TrainSink, in_notebook
 from .result import Result
 from .train_loop import run_loop
+from .trial import check_beside_trial, current_trial
 
 if TYPE_CHECKING:
     from .trainer import DataParallelTrainer
@@ -91,10 +92,14 @@ class FitRun:
         self._last_growth_check = 0.0
         self._seen_checkpoint = False
         self.timings: Dict[str, float] = {}
+        # Inside a Ray Tune trial the group waits for resources as long as the trial lives: Tune decides how
+        # many trials run at once (max_concurrent_trials, trial resources), not a deadline.
+        self.trial = current_trial()
+        self.fixed_wait_s: Optional[float] = None if self.trial is not None else elastic.FIXED_WAIT_S
 
     # -- the group -----------------------------------------------------------------------------
 
-    def _new_group(self, n: int, wait_s: float) -> "WorkerGroup":
+    def _new_group(self, n: int, wait_s: Optional[float]) -> "WorkerGroup":
 
         ckpt = self.run_config.checkpoint_config
         return WorkerGroup(n, backend=self.t.backend, name=self.t.name, storage_path=self.t.storage_path,
@@ -106,15 +111,19 @@ class FitRun:
     def _start_group(self) -> "WorkerGroup":
         """A group of ``num_workers`` (elastic: as many as fit, from ``max`` down to ``min``)."""
 
+        bundle = GroupConfig(num_workers=1, **self.scaling.group_kwargs()).bundle()
+        if self.trial is not None:
+            import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
+
+            check_beside_trial(self.trial, bundle, self.scaling.min_workers, ray.cluster_resources())
         if not self.scaling.elastic:
-            group = self._new_group(self.scaling.max_workers, elastic.FIXED_WAIT_S)
+            group = self._new_group(self.scaling.max_workers, self.fixed_wait_s)
         else:
-            bundle = GroupConfig(num_workers=1, **self.scaling.group_kwargs()).bundle()
             n = elastic.start_size(self.scaling, bundle)
             while True:
                 try:
                     group = self._new_group(n, ELASTIC_START_WAIT_S if n > self.scaling.min_workers
-                                            else elastic.FIXED_WAIT_S)
+                                            else self.fixed_wait_s)
                     break
                 except ResourceError:
                     if n <= self.scaling.min_workers:

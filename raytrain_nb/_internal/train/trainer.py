@@ -32,6 +32,7 @@ from .autoinit import install
 from .config import BackendConfig, DataConfig, RunConfig, ScalingConfig, TorchConfig
 from .fit_run import FitRun, storage_path_for
 from .train_loop import takes_config
+from .trial import OLD_FORM, current_trial
 
 logger = logging.getLogger(__name__)
 
@@ -118,8 +119,9 @@ class DataParallelTrainer:
         self.dataset_config = dataset_config
         self.resume_from_checkpoint = resume_from_checkpoint
         self.metadata = metadata or {}
-        self.name = self.run_config.name or \
-            f"{cls}_{time.strftime('%Y-%m-%d_%H-%M-%S')}_{secrets.token_hex(2)}"
+        trial = current_trial()  # inside a Ray Tune trial the run is named after it
+        self.name = self.run_config.name or (trial.run_name() if trial is not None else
+                                             f"{cls}_{time.strftime('%Y-%m-%d_%H-%M-%S')}_{secrets.token_hex(2)}")
         self.backend = self._resolve_backend()
 
         self.storage_path = storage_path_for(self.run_config)
@@ -151,6 +153,20 @@ class DataParallelTrainer:
         """
 
         return FitRun(self).run()
+
+    # Ray Train V1's tune.Tuner(trainer) is refused at once: Tune's Tuner(...) reads ``_name`` of a callable
+    # trainable while it is built (before that, it only pickles it), and a trial would call it.
+    @property
+    def _name(self) -> str:
+        raise ConfigError(OLD_FORM.format(cls=type(self).__name__))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Refused: a trainer is not a Tune trainable (Ray Train V1's ``tune.Tuner(trainer)``).
+
+        Raises:
+            ConfigError: naming the function-trainable pattern that replaces it.
+        """
+        raise ConfigError(OLD_FORM.format(cls=type(self).__name__))
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(name={self.name!r}, num_workers={self.scaling_config.num_workers!r}, "

@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, Optional, Sequence
 from ..backend import process_group_state
 from ..errors import RankFailure, failure_from_exception
 from . import cell as cellmod
+from . import snapshot_io
 from .capture import OutputBuffer, OutputCapture
 from .cell_thread import CellThread, to_cpu
 from .checkpointing import CheckpointingWorker
@@ -234,6 +235,10 @@ class Worker(FormingWorker, CheckpointingWorker):
             result.duration = time.perf_counter() - started
             self._end(result)
         return result
+
+    def load_state(self, url: str, allow_pickle: bool = False) -> Dict[str, Any]:
+        """Load a checkpoint of named state (a snapshot, ``tune.save_state``'s) into this rank's objects."""
+        return self._cells.call(snapshot_io.load, self.namespace, url, self.rank, allow_pickle, "load")
 
     def push(self, values: Dict[str, Any]) -> None:
         self.namespace.update(values)

@@ -37,7 +37,8 @@ class Tracked:
         return sorted([*self.modules, *self.optimizers, *self.schedulers, *self.scalers])
 
 
-def _unwrap(module: Any) -> Any:
+def unwrap(module: Any) -> Any:
+    """The module inside a DDP (or DataParallel) wrapper; any other object as it is."""
     return getattr(module, "module", module) if type(module).__name__ in (
         "DistributedDataParallel", "DataParallel") else module
 
@@ -67,7 +68,7 @@ def find_tracked(namespace: Dict[str, Any], strict: bool = True) -> Tracked:
     seen_modules: Dict[int, str] = {}
     for path, obj in walk(namespace, is_tracked_type):
         if isinstance(obj, torch.nn.Module):
-            inner = _unwrap(obj)
+            inner = unwrap(obj)
             if inner is not obj:
                 tracked.wrappers[path] = obj
             if id(inner) not in seen_modules:  # `model` and `model.module` are one module
@@ -132,16 +133,16 @@ def set_rng_state(state: Dict[str, Any]) -> None:
                      None if math.isnan(gauss) else gauss))
 
 
-def _to_cpu(obj: Any, copy: bool = True) -> Any:
+def cpu_state(obj: Any, copy: bool = True) -> Any:
     """A state dict with every tensor on the CPU; with ``copy``, a deep copy (consistent while training goes on)."""
     import torch  # torch: loaded on first use, not on import raytrain_nb
 
     if isinstance(obj, torch.Tensor):
         return obj.detach().to("cpu", copy=copy)
     if isinstance(obj, dict):
-        return {k: _to_cpu(v, copy) for k, v in obj.items()}
+        return {k: cpu_state(v, copy) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_cpu(v, copy) for v in obj)
+        return type(obj)(cpu_state(v, copy) for v in obj)
     return obj
 
 
@@ -162,12 +163,12 @@ def capture(namespace: Dict[str, Any], var_names: Sequence[str] = (),
     if missing:
         raise SnapshotError(f"--vars names variable(s) {', '.join(missing)} that do not exist on the workers")
     replicated = {
-        "modules": {n: _to_cpu(m.state_dict(), copy) for n, m in tracked.modules.items()},
-        "optimizers": {n: _to_cpu(o.state_dict(), copy) for n, o in tracked.optimizers.items()},
-        "schedulers": {n: _to_cpu(s.state_dict(), copy) for n, s in tracked.schedulers.items()},
-        "scalers": {n: _to_cpu(s.state_dict(), copy) for n, s in tracked.scalers.items()},
+        "modules": {n: cpu_state(m.state_dict(), copy) for n, m in tracked.modules.items()},
+        "optimizers": {n: cpu_state(o.state_dict(), copy) for n, o in tracked.optimizers.items()},
+        "schedulers": {n: cpu_state(s.state_dict(), copy) for n, s in tracked.schedulers.items()},
+        "scalers": {n: cpu_state(s.state_dict(), copy) for n, s in tracked.scalers.items()},
     }
-    return replicated, {"rng": rng_state()}, {n: _to_cpu(namespace[n], copy) for n in var_names}
+    return replicated, {"rng": rng_state()}, {n: cpu_state(namespace[n], copy) for n in var_names}
 
 
 def fingerprint(namespace: Dict[str, Any]) -> Dict[str, str]:
@@ -189,15 +190,52 @@ def changed_since(namespace: Dict[str, Any], before: Dict[str, str], restored: S
     return sorted(n for n in names if before.get(n) != now.get(n) and n not in ("In", "Out"))
 
 
+def kind_of(obj: Any) -> Optional[str]:
+    """The key of ``obj``'s kind in a saved state: ``modules``, ``optimizers``, ``schedulers``,
+    ``scalers``; None for anything else."""
+    import torch  # torch: loaded on first use, not on import raytrain_nb
+
+    if isinstance(obj, torch.nn.Module):
+        return "modules"
+    if isinstance(obj, torch.optim.Optimizer):
+        return "optimizers"
+    if isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
+        return "schedulers"
+    if type(obj).__name__ == "GradScaler" and hasattr(obj, "state_dict"):
+        return "scalers"
+    return None
+
+
+def structure_problem(kind: str, obj: Any, state: Dict[str, Any]) -> Optional[str]:
+    """How a saved state does not fit ``obj`` (names and shapes of a module's tensors, the parameter
+    groups of an optimizer), or None when it loads."""
+    if kind == "modules":
+        live = unwrap(obj).state_dict()
+        for key, value in state.items():
+            if key not in live:
+                return f"the saved {key!r} is not in the model"
+            if hasattr(value, "shape") and tuple(live[key].shape) != tuple(value.shape):
+                return f"{key!r} has shape {tuple(value.shape)} saved but {tuple(live[key].shape)} here"
+        missing = sorted(set(live) - set(state))
+        return f"{', '.join(repr(k) for k in missing[:3])} not saved" if missing else None
+    if kind == "optimizers":
+        saved = [len(g.get("params", ())) for g in state.get("param_groups", ())]
+        here = [len(g["params"]) for g in obj.param_groups]
+        if saved != here:
+            return f"parameter groups of {saved} parameters saved but {here} here"
+    return None
+
+
 def restore(namespace: Dict[str, Any], replicated: Dict[str, Any], own: Optional[Dict[str, Any]],
-            variables: Optional[Dict[str, Any]] = None) -> List[str]:
+            variables: Optional[Dict[str, Any]] = None, action: str = "roll back") -> List[str]:
     """Load saved state into the same objects in ``namespace``; return the names restored.
 
     ``variables`` are the plain variables to bind again; None takes them from
-    ``replicated["vars"]``, where snapshots written before ``vars.pt`` kept them.
+    ``replicated["vars"]``, where snapshots written before ``vars.pt`` kept them. ``action``
+    names what is done, for errors (``roll back``, ``load``).
 
     Raises:
-        SnapshotError: a saved object is no longer in the namespace (or changed type/shape);
+        SnapshotError: a saved object is not in the namespace (or changed type/shape);
             nothing is loaded in that case.
     """
     import torch  # torch: loaded on first use, not on import raytrain_nb
@@ -207,16 +245,15 @@ def restore(namespace: Dict[str, Any], replicated: Dict[str, Any], own: Optional
              ("schedulers", tracked.schedulers), ("scalers", tracked.scalers))
     lost = [f"{name} ({kind[:-1]})" for kind, live in kinds for name in replicated.get(kind, {}) if name not in live]
     if lost:
-        raise SnapshotError(
-            f"cannot roll back: {', '.join(lost)} no longer exist in the workers' namespace; re-create them "
-            "(re-run their cell), then roll back again"
-        )
-    for name, state in replicated.get("modules", {}).items():  # check every shape before loading anything
-        live = tracked.modules[name].state_dict()
-        bad = [k for k, v in state.items() if k not in live or tuple(live[k].shape) != tuple(v.shape)]
-        if bad or set(live) - set(state):
-            raise SnapshotError(f"cannot roll back {name!r}: its structure changed since the snapshot "
-                                f"({', '.join((bad or sorted(set(live) - set(state)))[:3])}); nothing was loaded")
+        how = ("no longer exist in the workers' namespace; re-create them (re-run their cell)" if action == "roll back"
+               else "do not exist in the workers' namespace; create them under these names")
+        raise SnapshotError(f"cannot {action}: {', '.join(lost)} {how}, then {action} again")
+    for kind, live in kinds:  # check every structure before loading anything
+        for name, state in replicated.get(kind, {}).items():
+            problem = structure_problem(kind, live[name], state)
+            if problem:
+                raise SnapshotError(f"cannot {action} {name!r}: its structure differs from the saved one "
+                                    f"({problem}); nothing was loaded")
     restored: List[str] = []
     with torch.no_grad():
         for kind, live in kinds:

@@ -7,6 +7,9 @@ Snapshot layout (one committed directory)::
     rank-<r>.pt        RNG states of rank r (written by each rank)
     snapshot.json      world size, variable names, fingerprints of plain variables (rank 0)
 
+A trial's ``raytrain_nb.tune.save_state`` writes the same layout with ``replicated.pt`` and
+``snapshot.json`` only (no fingerprints), so a group loads it like a snapshot (``group.load``).
+
 Storage may be shared, so ``replicated.pt`` and ``rank-<r>.pt`` always load with
 ``weights_only=True``; ``--allow-pickle`` loosens only ``vars.pt``. Snapshots written before
 ``vars.pt`` kept the variables in ``replicated.pt``: they load when those are weights-only safe.
@@ -19,7 +22,8 @@ import os
 from typing import Any, Dict, Optional, Sequence
 
 from ..checkpoint.staging import StagedDir, verify_dir
-from ..checkpoint.storage import is_local, join, resolve
+from ..checkpoint.storage import is_local, join, resolve, to_url
+from ..errors import CheckpointError
 from .snapshot import capture, changed_since, fingerprint, loads, restore
 
 logger = logging.getLogger(__name__)
@@ -71,14 +75,53 @@ def _read(fs: Any, path: str) -> Any:
     return path if is_local(fs) else fs.cat_file(path)
 
 
-def load(namespace: Dict[str, Any], url: str, rank: int, allow_pickle: bool = False) -> Dict[str, Any]:
-    """Roll this rank's namespace back to the snapshot at ``url``, in place.
+def state_files(url: str) -> Dict[str, int]:
+    """The files of the state checkpoint at ``url`` (a snapshot, or ``save_state``'s), checked.
+
+    Raises:
+        CheckpointError: the directory is missing, interrupted, damaged, or holds no
+            ``replicated.pt`` / ``snapshot.json`` (someone's own files: not loadable by name).
+    """
+    fs, path = resolve(url)
+    files = verify_dir(fs, path)  # every file present with its committed size; only those are read
+    missing = [name for name in (REPLICATED, META) if name not in files]
+    if missing:
+        raise CheckpointError(f"checkpoint {to_url(fs, path)} holds no {' or '.join(missing)}: it is neither a "
+                              "snapshot nor written by raytrain_nb.tune.save_state(), so nothing in it is named; "
+                              "load its files yourself (Checkpoint.as_directory())")
+    return files
+
+
+def read_replicated(url: str) -> Dict[str, Any]:
+    """The named states (``modules``, ``optimizers``, ...) of the state checkpoint at ``url``, weights only."""
+    fs, path = resolve(url)
+    state_files(url)
+    return loads(_read(fs, join(path, REPLICATED)), f"{to_url(fs, path)}/{REPLICATED}", may_pickle=False)
+
+
+def write_state(url: str, replicated: Dict[str, Any], world_size: int) -> None:
+    """Write named states in the snapshot layout (``replicated.pt`` and ``snapshot.json``) into ``url``."""
+    import torch  # torch: loaded on first use, not on import raytrain_nb
+
+    fs, path = resolve(url)
+    fs.makedirs(path, exist_ok=True)
+    with fs.open(join(path, REPLICATED), "wb") as fh:
+        torch.save(replicated, fh)
+    meta = {"world_size": world_size, "vars": [], "fingerprint": None, "written_by": "save_state"}
+    fs.pipe_file(join(path, META), json.dumps(meta).encode())
+
+
+def load(namespace: Dict[str, Any], url: str, rank: int, allow_pickle: bool = False,
+         action: str = "roll back") -> Dict[str, Any]:
+    """Roll this rank's namespace back to the snapshot at ``url`` (or load a ``save_state``
+    checkpoint into it), in place.
 
     Args:
         namespace: the rank's namespace.
         url: the committed snapshot directory.
         rank: this rank (which ``rank-<r>.pt`` to load).
         allow_pickle: let ``vars.pt`` (only) unpickle code; weights and RNG states never do.
+        action: what errors call it (``roll back``, ``load``).
 
     Returns:
         ``{"restored": [...names], "changed": [...plain variables changed since, not restored]}``.
@@ -87,7 +130,7 @@ def load(namespace: Dict[str, Any], url: str, rank: int, allow_pickle: bool = Fa
         CheckpointError / SnapshotError: a missing, truncated or edited file (named); nothing loaded.
     """
     fs, path = resolve(url)
-    files = verify_dir(fs, path)  # every file present with its committed size; only those are read
+    files = state_files(url)
     meta = json.loads(fs.cat_file(join(path, META)).decode())
     replicated = loads(_read(fs, join(path, REPLICATED)), f"{url}/{REPLICATED}", may_pickle=False)
     own: Optional[Dict[str, Any]] = None
@@ -96,6 +139,7 @@ def load(namespace: Dict[str, Any], url: str, rank: int, allow_pickle: bool = Fa
     variables = None  # older snapshots: in replicated.pt, loaded weights-only above
     if VARS in files:
         variables = loads(_read(fs, join(path, VARS)), f"{url}/{VARS}", allow_pickle)
-    restored = restore(namespace, replicated, own, variables)
+    restored = restore(namespace, replicated, own, variables, action)
     before = (own or {}).get("fingerprint") or meta.get("fingerprint", {})
-    return {"restored": restored, "changed": changed_since(namespace, before, restored)}
+    changed = [] if before is None else changed_since(namespace, before, restored)  # save_state keeps none
+    return {"restored": restored, "changed": changed}

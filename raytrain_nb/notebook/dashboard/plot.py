@@ -19,6 +19,15 @@ from .model import Line
 WIDTH_IN, HEIGHT_IN, DPI = 7.2, 2.6, 90
 GROWTH = 1.5  # the metric axis grows by this factor when data leaves it (the step axis doubles)
 PALETTE_COLOURS = 128
+MAX_LEGEND = 12  # more lines than this: no legend (it would cover the plot)
+EMPTY_TITLE = "no metrics yet: call raytrain_nb.report({'loss': ...}) in a cell"
+
+
+def _style(label: str, highlight: Optional[str]) -> Dict[str, Any]:
+    """A line's width (and fading): with a ``highlight``, that line thick on top and the others faded."""
+    if highlight is None:
+        return {"linewidth": 1.4}
+    return {"linewidth": 2.8, "zorder": 3} if label == highlight else {"linewidth": 1.0, "alpha": 0.55}
 
 
 def _grow_steps(lo: float, hi: float, data_lo: float, data_hi: float) -> Tuple[float, float]:
@@ -65,11 +74,16 @@ class MetricsPlot:
         self._background: Any = None
         self.full_draws = 0
 
-    def render(self, lines: Sequence[Line], metric: Optional[str], log: bool = False) -> bytes:
-        """Draw ``lines`` of ``metric`` against the step; ``log`` puts the y axis on a log scale."""
+    def render(self, lines: Sequence[Line], metric: Optional[str], log: bool = False,
+               highlight: Optional[str] = None, xlabel: str = "step", empty_title: str = EMPTY_TITLE) -> bytes:
+        """Draw ``lines`` of ``metric`` against the step; ``log`` puts the y axis on a log scale.
+
+        ``highlight``: the label of a line drawn thick over thin, faded others (the sweep's best trial);
+        ``xlabel``: what the x axis counts; ``empty_title``: the title while there is nothing to draw.
+        """
         data = [(ln.label, [(x, y) for x, y in zip(ln.xs, ln.ys) if y > 0 or not log]) for ln in lines]
         data = [(label, pts) for label, pts in data if pts]
-        layout = (metric, log, tuple(label for label, _ in data))
+        layout = (metric, log, tuple(label for label, _ in data), highlight, xlabel, empty_title)
         if data:
             xs = [x for _, pts in data for x, _ in pts]
             ys = [y for _, pts in data for _, y in pts]
@@ -94,18 +108,18 @@ class MetricsPlot:
         if layout != self._layout:
             ax.clear()
             ax.locator_params(nbins=5)  # fewer tick labels: each one costs drawing time
-            ax.set_xlabel("step")
+            ax.set_xlabel(layout[4])
             ax.set_ylabel(metric or "metric")
             ax.grid(True, alpha=0.3)
-            self._lines = {label: ax.plot([], [], label=label, linewidth=1.4, animated=True)[0]
+            self._lines = {label: ax.plot([], [], label=label, animated=True, **_style(label, layout[3]))[0]
                            for label, _ in data}
             if data:
                 ax.set_yscale("log" if log else "linear")
-                ax.set_title(f"{metric} per step" + (" (log scale)" if log else ""), fontsize=10)
-                if len(data) > 1 or data[0][0] == "mean":
+                ax.set_title(f"{metric} per {layout[4]}" + (" (log scale)" if log else ""), fontsize=10)
+                if (len(data) > 1 or data[0][0] == "mean") and len(data) <= MAX_LEGEND:
                     ax.legend(loc="upper right", fontsize=8, frameon=False)
             else:
-                ax.set_title("no metrics yet: call raytrain_nb.report({'loss': ...}) in a cell", fontsize=9)
+                ax.set_title(layout[5], fontsize=9)
         ax.set_xlim(*xlim)
         ax.set_ylim(*ylim)
         self.canvas.draw()  # everything but the (animated) lines
