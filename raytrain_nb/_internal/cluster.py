@@ -40,7 +40,9 @@ TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
 
 
 def _memory_limit() -> int:
-    """Memory available to this process: the cgroup limit or physical memory."""
+    """Memory available to this process: ``RAYTRAIN_NB_MEMORY_BYTES``, the cgroup limit or physical memory."""
+    if os.environ.get("RAYTRAIN_NB_MEMORY_BYTES"):
+        return int(float(os.environ["RAYTRAIN_NB_MEMORY_BYTES"]))
     for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         try:
             raw = open(path).read().strip()
@@ -52,6 +54,38 @@ def _memory_limit() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         return 4 * 1024 ** 3
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def cgroup_cpu_quota() -> Optional[float]:
+    """The container's CPU quota in CPUs (cgroup v2 ``cpu.max``, v1 ``cfs_quota_us``), None when unlimited."""
+    v2 = _read("/sys/fs/cgroup/cpu.max").split()
+    if len(v2) == 2 and v2[0] != "max":
+        return int(v2[0]) / int(v2[1])
+    quota, period = _read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), _read("/sys/fs/cgroup/cpu/cpu.cfs_period_us")
+    if quota.lstrip("-").isdigit() and int(quota) > 0 and period.isdigit() and int(period) > 0:
+        return int(quota) / int(period)
+    return None
+
+
+def cpu_limit() -> int:
+    """CPUs this process may use: the fewest of the cores it may run on and the container's CPU quota
+    (as Binder and Kubernetes set it), at least 1; not the host's core count."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    if quota is not None:
+        cores = min(cores, max(1, int(quota + 0.5)))  # 1.5 CPUs of quota: 2 workers' worth of time slices
+    return max(1, cores)
 
 
 def local_init_kwargs() -> Dict[str, Any]:
@@ -66,8 +100,8 @@ def local_init_kwargs() -> Dict[str, Any]:
         "object_store_memory": store,
         "configure_logging": True,
     }
-    if os.environ.get("RAYTRAIN_NB_NUM_CPUS"):
-        kwargs["num_cpus"] = float(os.environ["RAYTRAIN_NB_NUM_CPUS"])
+    # the container's limits, not the host's cores (Ray counts the host's); RAYTRAIN_NB_NUM_CPUS overrides
+    kwargs["num_cpus"] = float(os.environ.get("RAYTRAIN_NB_NUM_CPUS") or cpu_limit())
     if os.environ.get("RAYTRAIN_NB_NUM_GPUS"):
         kwargs["num_gpus"] = float(os.environ["RAYTRAIN_NB_NUM_GPUS"])
     return kwargs

@@ -1,4 +1,5 @@
-"""``%load_ext raytrain_nb``: register every magic, and stop the group and our Ray with the kernel."""
+"""``%load_ext raytrain_nb``: register every magic, let Ray start our embedded instance, and stop the group and
+our Ray with the kernel."""
 from __future__ import annotations
 
 import logging
@@ -6,6 +7,7 @@ from typing import Any
 
 from .._internal import cluster
 from .._internal.group.group import active_group
+from .._internal.train.trainer import install_autoinit
 from .magics import DistributedMagics
 from .magics_dashboard import DashboardMagics
 from .magics_state import StateMagics
@@ -43,6 +45,9 @@ def stop_on_kernel_shutdown(ipython: Any) -> None:
 def load_ipython_extension(ipython: Any) -> None:
     """Register the magics of :mod:`.magics`, :mod:`.magics_state` and :mod:`.magics_dashboard`."""
     stop_on_kernel_shutdown(ipython)
+    # Ray Data in a cell (ray.data.range(...)) before the first group starts our embedded instance, sized
+    # for the container, not Ray's default one, which would leave no CPU for Ray Data beside the workers.
+    install_autoinit()
     for magics in (DistributedMagics, StateMagics, DashboardMagics):
         ipython.register_magics(magics)
 

@@ -108,7 +108,7 @@ class Kernel:
         from jupyter_client.manager import start_new_kernel
 
         self.cwd = cwd
-        full_env = dict(os.environ, **KERNEL_ENV, **(env or {}))
+        full_env = {**os.environ, **KERNEL_ENV, **(env or {})}
         full_env.pop("RAY_ADDRESS", None)  # its own embedded Ray instance, never a shared cluster
         self.km, self.kc = start_new_kernel(kernel_name="python3", startup_timeout=60, env=full_env, cwd=cwd)
         self.pid: int = self.km.provisioner.process.pid
