@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import tempfile
 import time
 from typing import Any, Dict, List
 
-from common import (Figure, alternate, fmt_stats, loadavg, median_ci, section, stats, torchrun_cmd, torchrun_env,
-                    wait_json)
+from common import (Figure, TorchrunServer, alternate, fmt_stats, loadavg, median_ci, section, stats,
+                    torchrun_fresh_start)
 
 STEPS = 150
 ROUNDS = 10
@@ -103,46 +102,6 @@ while True:
 '''
 
 
-class Torchrun:
-    """``torchrun --nproc-per-node 2`` of :data:`SERVER`, started once, fitting on each command."""
-
-    def __init__(self, folder: str, steps: int, wait_s: float = 300.0, nice: int = 0) -> None:
-        self.folder, self.i = folder, 0
-        script = os.path.join(folder, "server.py")
-        with open(script, "w") as fh:
-            fh.write(SERVER)
-        cmd = torchrun_cmd(script, folder, str(steps), nice=nice)
-        self.started = time.time()
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     env=torchrun_env())
-        self.first = wait_json([os.path.join(folder, f"start-{r}.json") for r in range(2)], wait_s, self.proc)
-
-    def fit(self) -> Dict[str, float]:
-        with open(os.path.join(self.folder, f"cmd-{self.i}"), "w") as fh:
-            fh.write("go")
-        out = wait_json([os.path.join(self.folder, f"res-{self.i}-{r}.json") for r in range(2)], 300.0, self.proc)
-        self.i += 1
-        return {"steps_per_s": min(o["steps_per_s"] for o in out)}
-
-    def close(self) -> None:
-        with open(os.path.join(self.folder, f"cmd-{self.i}"), "w") as fh:
-            fh.write("stop")
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
-
-
-def fresh_start(folder: str) -> float:
-    """Seconds from launching ``torchrun`` of the script to its first finished step (new processes)."""
-    server = Torchrun(folder, steps=5)
-    try:
-        return min(o["first_step"] for o in server.first) - server.started
-    finally:
-        server.close()
-
-
 def _worker_niceness(group: Any) -> int:
     import psutil
 
@@ -174,15 +133,15 @@ def run(quick: bool = False) -> List[Figure]:
         group.run(GROUP + f"\nloader = make_loader({STEPS})\n" + GROUP_FIT, sink=CollectSink())
         nice = _worker_niceness(group)
         os.makedirs(os.path.join(tmp, "server"))
-        baseline = Torchrun(os.path.join(tmp, "server"), STEPS)
-        variants = {"group": lambda: _group_fit(group), "torchrun": baseline.fit}
+        baseline = TorchrunServer(SERVER, os.path.join(tmp, "server"), STEPS)
+        variants = {"group": lambda: _group_fit(group), "torchrun": baseline.step}
         niced = None
         if nice:  # Ray runs its workers niced: a control with torchrun at the same niceness
             print(f"  the group's workers run at niceness {nice}; torchrun runs at 0 (as a user runs it) and, as a "
                   f"control, at {nice}")
             os.makedirs(os.path.join(tmp, "niced"))
-            niced = Torchrun(os.path.join(tmp, "niced"), STEPS, nice=nice)
-            variants["torchrun@nice"] = niced.fit
+            niced = TorchrunServer(SERVER, os.path.join(tmp, "niced"), STEPS, nice=nice)
+            variants["torchrun@nice"] = niced.step
         try:
             samples = alternate(variants, rounds=rounds, warmup=1)
         finally:
@@ -192,7 +151,7 @@ def run(quick: bool = False) -> List[Figure]:
         starts = []
         for i in range(fresh):
             os.makedirs(os.path.join(tmp, f"fresh-{i}"))
-            starts.append(fresh_start(os.path.join(tmp, f"fresh-{i}")))
+            starts.append(torchrun_fresh_start(SERVER, os.path.join(tmp, f"fresh-{i}")))
     finally:
         group.shutdown()
     rates = {name: stats([r["steps_per_s"] for r in runs]) for name, runs in samples.items()}

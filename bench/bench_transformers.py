@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import tempfile
 import time
 from typing import Any, Dict, List
 
-from common import (Figure, alternate, fmt_stats, loadavg, median_ci, section, stats, torchrun_cmd, torchrun_env,
-                    wait_json)
+from common import (Figure, TorchrunServer, alternate, fmt_stats, loadavg, median_ci, section, stats,
+                    torchrun_fresh_start)
 
 STEPS = 60
 ROUNDS = 10
@@ -82,45 +81,6 @@ while True:
 '''
 
 
-class Torchrun:
-    """``torchrun --nproc-per-node 2`` of :data:`SERVER`, started once, training on each command."""
-
-    def __init__(self, folder: str, steps: int, wait_s: float = 300.0) -> None:
-        self.folder, self.i = folder, 0
-        script = os.path.join(folder, "server.py")
-        with open(script, "w") as fh:
-            fh.write(SERVER)
-        self.started = time.time()
-        self.proc = subprocess.Popen(torchrun_cmd(script, folder, str(steps)), stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, env=torchrun_env())
-        self.first = wait_json([os.path.join(folder, f"start-{r}.json") for r in range(2)], wait_s, self.proc)
-
-    def train(self) -> Dict[str, float]:
-        with open(os.path.join(self.folder, f"cmd-{self.i}"), "w") as fh:
-            fh.write("go")
-        out = wait_json([os.path.join(self.folder, f"res-{self.i}-{r}.json") for r in range(2)], 300.0, self.proc)
-        self.i += 1
-        return {"steps_per_s": min(o["steps_per_s"] for o in out)}
-
-    def close(self) -> None:
-        with open(os.path.join(self.folder, f"cmd-{self.i}"), "w") as fh:
-            fh.write("stop")
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
-
-
-def fresh_start(folder: str) -> float:
-    """Seconds from launching ``torchrun`` of the script to its first finished step (a new process)."""
-    server = Torchrun(folder, steps=5)
-    try:
-        return min(o["first_step"] for o in server.first) - server.started
-    finally:
-        server.close()
-
-
 def _group_train(group: Any) -> Dict[str, float]:
     from raytrain_nb._internal.output import CollectSink
 
@@ -142,16 +102,16 @@ def run(quick: bool = False) -> List[Figure]:
     try:
         group.run(SHARED + f"\ntrainer, timer = make_trainer({STEPS})\ntrainer.train()", sink=CollectSink())
         os.makedirs(os.path.join(tmp, "server"))
-        baseline = Torchrun(os.path.join(tmp, "server"), STEPS)
+        baseline = TorchrunServer(SERVER, os.path.join(tmp, "server"), STEPS)
         try:
-            samples = alternate({"group": lambda: _group_train(group), "torchrun": baseline.train},
+            samples = alternate({"group": lambda: _group_train(group), "torchrun": baseline.step},
                                 rounds=rounds, warmup=1)
         finally:
             baseline.close()
         starts = []
         for i in range(fresh):
             os.makedirs(os.path.join(tmp, f"fresh-{i}"))
-            starts.append(fresh_start(os.path.join(tmp, f"fresh-{i}")))
+            starts.append(torchrun_fresh_start(SERVER, os.path.join(tmp, f"fresh-{i}")))
     finally:
         group.shutdown()
     rates = {name: stats([r["steps_per_s"] for r in runs]) for name, runs in samples.items()}

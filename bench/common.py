@@ -283,3 +283,51 @@ def wait_json(paths: List[str], timeout: float, proc: Any) -> List[Dict[str, flo
         with open(p) as fh:
             out.append(json.load(fh))
     return out
+
+
+class TorchrunServer:
+    """``torchrun --nproc-per-node 2`` of a server script (``source``), started once, running its workload on
+    each command: it writes ``start-<rank>.json`` once ready, then ``res-<i>-<rank>.json`` per command."""
+
+    def __init__(self, source: str, folder: str, steps: int, wait_s: float = 300.0, nice: int = 0) -> None:
+        import subprocess
+
+        self.folder, self.i = folder, 0
+        os.makedirs(folder, exist_ok=True)
+        script = os.path.join(folder, "server.py")
+        with open(script, "w") as fh:
+            fh.write(source)
+        self.started = time.time()
+        self.proc = subprocess.Popen(torchrun_cmd(script, folder, str(steps), nice=nice), stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, env=torchrun_env())
+        self.first = wait_json([os.path.join(folder, f"start-{r}.json") for r in range(2)], wait_s, self.proc)
+
+    def _command(self, word: str) -> None:
+        with open(os.path.join(self.folder, f"cmd-{self.i}"), "w") as fh:
+            fh.write(word)
+
+    def step(self) -> Dict[str, float]:
+        """Run the workload once on both ranks; the slower rank's steps per second."""
+        self._command("go")
+        out = wait_json([os.path.join(self.folder, f"res-{self.i}-{r}.json") for r in range(2)], 300.0, self.proc)
+        self.i += 1
+        return {"steps_per_s": min(o["steps_per_s"] for o in out)}
+
+    def close(self) -> None:
+        import subprocess
+
+        self._command("stop")
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+
+def torchrun_fresh_start(source: str, folder: str) -> float:
+    """Seconds from launching ``torchrun`` of ``source`` to its first finished step (new processes)."""
+    server = TorchrunServer(source, folder, steps=5)
+    try:
+        return min(o["first_step"] for o in server.first) - server.started
+    finally:
+        server.close()
