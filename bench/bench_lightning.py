@@ -17,10 +17,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import time
 from typing import Any, Dict, List
 
-from common import (Figure, TorchrunServer, alternate, fmt_stats, loadavg, median_ci, section, stats,
+from common import (Figure, TorchrunServer, alternate, fmt_stats, loadavg, median_ci, section, stats, timed_group_cell,
                     torchrun_fresh_start)
 
 STEPS = 150
@@ -112,13 +111,7 @@ def _worker_niceness(group: Any) -> int:
 
 
 def _group_fit(group: Any) -> Dict[str, float]:
-    from raytrain_nb._internal.output import CollectSink
-
-    t0 = time.time()
-    group.run(GROUP_FIT, sink=CollectSink())
-    results = group.pull("_r", rank=None)
-    return {"steps_per_s": min(r["steps_per_s"] for r in results),
-            "first_step": min(r["first_step"] for r in results) - t0}
+    return timed_group_cell(group, GROUP_FIT)
 
 
 def run(quick: bool = False) -> List[Figure]:

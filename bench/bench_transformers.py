@@ -14,10 +14,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import time
 from typing import Any, Dict, List
 
-from common import (Figure, TorchrunServer, alternate, fmt_stats, loadavg, median_ci, section, stats,
+from common import (Figure, TorchrunServer, alternate, fmt_stats, loadavg, median_ci, section, stats, timed_group_cell,
                     torchrun_fresh_start)
 
 STEPS = 60
@@ -82,13 +81,7 @@ while True:
 
 
 def _group_train(group: Any) -> Dict[str, float]:
-    from raytrain_nb._internal.output import CollectSink
-
-    t0 = time.time()
-    group.run("trainer.train()\n_r = timer.result()", sink=CollectSink())
-    results = group.pull("_r", rank=None)
-    return {"steps_per_s": min(r["steps_per_s"] for r in results),
-            "first_step": min(r["first_step"] for r in results) - t0}
+    return timed_group_cell(group, "trainer.train()\n_r = timer.result()")
 
 
 def run(quick: bool = False) -> List[Figure]:

@@ -331,3 +331,15 @@ def torchrun_fresh_start(source: str, folder: str) -> float:
         return min(o["first_step"] for o in server.first) - server.started
     finally:
         server.close()
+
+
+def timed_group_cell(group: Any, source: str) -> Dict[str, float]:
+    """Run ``source`` on ``group`` (it binds ``_r`` with ``steps_per_s`` and ``first_step`` on every rank): the
+    slower rank's steps per second and the seconds from the call to the first rank's first step."""
+    from raytrain_nb._internal.output import CollectSink
+
+    t0 = time.time()
+    group.run(source, sink=CollectSink())
+    results = group.pull("_r", rank=None)
+    return {"steps_per_s": min(r["steps_per_s"] for r in results),
+            "first_step": min(r["first_step"] for r in results) - t0}

@@ -320,16 +320,25 @@ class SweepModel:
         return out, best
 
 
+def _blocked(s: StopSituation) -> str:
+    """Why no Stop button can act now ("" when they can): the sweep is not running, clicks cannot reach the
+    kernel while it runs, or the stopper is not wired."""
+    if not s.running:
+        return NOT_RUNNING_WHY
+    if not s.clicks_now:
+        return FOREGROUND_WHY
+    if s.wired is False:
+        return NOT_WIRED_WHY
+    return ""
+
+
 def stop_state(model: SweepModel, row: TrialRow, s: StopSituation) -> Tuple[bool, str]:
     """``(enabled, tooltip)`` of a trial's Stop button; the tooltip of a disabled one says why."""
     if row.ended:
         return False, f"the trial ended ({model.ended_text(row)})"
-    if not s.running:
-        return False, NOT_RUNNING_WHY
-    if not s.clicks_now:
-        return False, FOREGROUND_WHY
-    if s.wired is False:
-        return False, NOT_WIRED_WHY
+    blocked = _blocked(s)
+    if blocked:
+        return False, blocked
     if row.stop_requested or model.stop_all_requested:
         return False, "stopping: Tune stops it at its next report"
     if row.state == PENDING:
@@ -339,12 +348,9 @@ def stop_state(model: SweepModel, row: TrialRow, s: StopSituation) -> Tuple[bool
 
 def sweep_stop_state(model: SweepModel, s: StopSituation) -> Tuple[bool, str]:
     """``(enabled, tooltip)`` of the Stop sweep button."""
-    if not s.running:
-        return False, NOT_RUNNING_WHY
-    if not s.clicks_now:
-        return False, FOREGROUND_WHY
-    if s.wired is False:
-        return False, NOT_WIRED_WHY
+    blocked = _blocked(s)
+    if blocked:
+        return False, blocked
     if model.stop_all_requested:
         return False, "stopping: Tune ends every trial and starts no new one"
     return True, "stop every trial and start no new one (results so far are kept)"
