@@ -193,8 +193,10 @@ def test_without_a_deadline_a_group_waits_for_resources_and_says_so(ray_session,
     handler = logging.Handler(logging.WARNING)
     handler.emit = lambda record: said.append(record.getMessage())
     placement.logger.addHandler(handler)
-    hog = placement_group([{"CPU": ray_session.available_resources()["CPU"]}])
-    ray_session.get(hog.ready(), timeout=30)
+    # every CPU the cluster has, not what is free now: a group an earlier test is still tearing down
+    # would free its CPUs later and let the reservation through without a wait
+    hog = placement_group([{"CPU": ray_session.cluster_resources()["CPU"]}])
+    ray_session.get(hog.ready(), timeout=60)
     box: dict = {}
     waiter = threading.Thread(target=lambda: box.update(pg=placement.reserve(GroupConfig(num_workers=2), 2, None)),
                               daemon=True)
