@@ -11,6 +11,11 @@ EXTRAS = {
     "lightning": "lightning",
     "ray.tune": "tune",
     "pandas": "data",
+    "xgboost": "xgboost",
+    "lightgbm": "lightgbm",
+    "tensorflow": "tensorflow",
+    "tf_keras": "tensorflow",
+    "sklearn": "tutorials",
 }
 
 
