@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test demo bench soak clean
+.PHONY: venv test demo bench soak binder-check badges clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -28,6 +28,14 @@ SEED ?=
 SOAK_ARGS ?=
 soak: $(STAMP)
 	$(PY) -m soak.chaos --duration $(DURATION) $(if $(SEED),--seed $(SEED)) $(SOAK_ARGS)
+
+# Binder's install checked as repo2docker does it, every notebook run under the pod's limits (.ci/binder-check).
+binder-check: $(STAMP)
+	bash .ci/binder-check
+
+# The README's Binder badges, from [tool.raytrain_nb] binder-repository in pyproject.toml.
+badges:
+	python3 tools/badges.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
