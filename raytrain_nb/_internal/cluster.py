@@ -88,6 +88,18 @@ def cpu_limit() -> int:
     return max(1, cores)
 
 
+SHARED_MEMORY = "/dev/shm"
+
+
+def _shared_memory_bytes() -> int:
+    """Free bytes in /dev/shm, where Ray keeps its object store when it fits (a container's is often 64 MB)."""
+    try:
+        st = os.statvfs(SHARED_MEMORY)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
+
+
 def local_init_kwargs() -> Dict[str, Any]:
     """Arguments for ``ray.init`` of the embedded instance (env overrides apply)."""
     store = int(os.environ.get("RAYTRAIN_NB_OBJECT_STORE_BYTES", 0)) or min(
@@ -100,6 +112,10 @@ def local_init_kwargs() -> Dict[str, Any]:
         "object_store_memory": store,
         "configure_logging": True,
     }
+    if _shared_memory_bytes() < store:  # a container's small /dev/shm (Docker's and Binder's 64 MB)
+        kwargs["_plasma_directory"] = tempfile.gettempdir()
+        logger.info("the object store (%d MB) lives in %s: /dev/shm is smaller", store // 2**20,
+                    kwargs["_plasma_directory"])
     # the container's limits, not the host's cores (Ray counts the host's); RAYTRAIN_NB_NUM_CPUS overrides
     kwargs["num_cpus"] = float(os.environ.get("RAYTRAIN_NB_NUM_CPUS") or cpu_limit())
     if os.environ.get("RAYTRAIN_NB_NUM_GPUS"):

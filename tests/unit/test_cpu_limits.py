@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 
 import pytest
 
@@ -101,3 +102,24 @@ def test_beyond_4x_the_request_stays_the_clear_error():
 
     with pytest.raises(ResourceError, match=r"^5 workers x 1 CPU = 5 CPU asked, but the cluster has 1 CPU: use fewer"):
         placement.check_feasible(GroupConfig(num_workers=5), 5, {"CPU": 1.0}, [])
+
+
+def test_a_small_dev_shm_puts_the_object_store_in_the_temp_folder(monkeypatch):
+    real = os.statvfs
+    free_blocks = {"n": 16 * 1024}  # 64 MiB in 4 KiB blocks, Docker's and Binder's default /dev/shm
+
+    class _Stat:
+        f_frsize = 4096
+
+        @property
+        def f_bavail(self):
+            return free_blocks["n"]
+
+    monkeypatch.setattr(os, "statvfs", lambda path: _Stat() if path == cluster.SHARED_MEMORY else real(path))
+    monkeypatch.setenv("RAYTRAIN_NB_MEMORY_BYTES", str(2 * 10**9))
+    monkeypatch.delenv("RAYTRAIN_NB_OBJECT_STORE_BYTES", raising=False)
+    kwargs = cluster.local_init_kwargs()
+    assert kwargs["object_store_memory"] == 2 * 10**9 // 10
+    assert kwargs["_plasma_directory"] == tempfile.gettempdir()  # not Ray's warning and a slow fallback
+    free_blocks["n"] = 10**6  # 4 GB free: the store stays in shared memory
+    assert "_plasma_directory" not in cluster.local_init_kwargs()
