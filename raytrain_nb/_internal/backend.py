@@ -16,7 +16,7 @@ import os
 import socket
 import threading
 import weakref
-from typing import Any, Callable, Dict, Optional, Sequence, Set
+from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Set
 
 logger = logging.getLogger(__name__)
 
@@ -269,6 +269,21 @@ class ProcessGroupState:
 
     def track_sampler(self, sampler: Any) -> None:
         self._samplers.add(sampler)
+
+    def adopt_samplers(self, values: Iterable[Any]) -> int:
+        """Track the ``DistributedSampler`` of each loader in ``values`` (objects a new rank received from a
+        peer: their samplers still point at the peer's shard), so joining re-shards them for this rank.
+        Returns how many it found."""
+        from torch.utils.data import DistributedSampler  # torch: loaded on first use, not on import raytrain_nb
+
+        found = 0
+        for value in values:
+            for holder in (value, getattr(value, "loader", None)):  # a DataLoader, or one moved to the device
+                sampler = getattr(holder, "sampler", None)
+                if isinstance(sampler, DistributedSampler):
+                    self.track_sampler(sampler)
+                    found += 1
+        return found
 
     def reshard(self, rank: int, world_size: int) -> None:
         """Point every tracked DistributedSampler at this rank's shard of the new world."""

@@ -139,6 +139,23 @@ def test_rescale_2_1_2_keeps_training_where_it_was(group):
     assert identical(rank_state(group)) and losses
 
 
+def test_a_loader_a_new_rank_receives_from_its_peer_is_resharded_for_it(group):
+    # Data pushed from the notebook is not replayed on a new rank: its setup cell fails there for want of it,
+    # and the rank receives the loader from its peer on joining, sampler and all. That sampler pointed at the
+    # peer's shard (of a 1-worker group here): the two ranks then ran different numbers of DDP steps and the
+    # one with more waited forever in backward().
+    group.push(pushed=torch.utils.data.TensorDataset(torch.randn(48, 10), torch.randn(48, 1)))
+    quiet(group, "loader2 = prepare_data_loader(torch.utils.data.DataLoader(pushed, batch_size=4, shuffle=True))")
+    group.rescale(1)
+    group.rescale(2)
+    shards = group.run("(loader2.sampler.rank, loader2.sampler.num_replicas, sorted(iter(loader2.sampler)))",
+                       output="all", sink=CollectSink()).values
+    (r0, n0, first), (r1, n1, second) = [eval(v[0]["text/plain"]) for v in shards.values()]
+    assert (r0, n0, r1, n1) == (0, 2, 1, 2)
+    assert len(first) == len(second) == 24 and not set(first) & set(second)
+    quiet(group, EPOCH.replace("in loader:", "in loader2:"))  # the same number of steps on both: it ends
+
+
 def test_kill_two_of_three_then_restart_both(ray_session):
     group = WorkerGroup(3, cpus_per_worker=0.5)
     try:

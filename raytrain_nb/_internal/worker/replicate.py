@@ -14,6 +14,7 @@ import hashlib
 import logging
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ..backend import process_group_state
 from ..errors import RecoveryError
 from . import transfer
 from .snapshot import Tracked, find_tracked, fingerprint
@@ -110,7 +111,9 @@ def _transfer(namespace: Dict[str, Any], everyone: List[Dict[str, Any]], src: in
     error = ""
     if fresh:
         try:
-            namespace.update(transfer.unpack(payload, namespace, keep, shards, deferred_ddp))
+            received = transfer.unpack(payload, namespace, keep, shards, deferred_ddp)
+            namespace.update(received)
+            process_group_state().adopt_samplers(received.values())  # re-sharded for this rank on joining
         except Exception as exc:  # noqa: BLE001 - every rank raises it after the agreement below
             error = f"rank {dist.get_rank()} could not load {', '.join(send)} from rank {src}: " \
                     f"{type(exc).__name__}: {exc}"
