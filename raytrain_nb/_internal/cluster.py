@@ -21,11 +21,14 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Set
 
 from . import shipping
+from .processes import children, end_children
 from .errors import GroupError
 
 logger = logging.getLogger(__name__)
 
 _STARTUP_ATTEMPTS = 3
+#: In the command line of every process ``ray.init`` starts (its binaries and scripts are in Ray's package).
+RAY_PROCESSES = os.sep + "ray" + os.sep
 _MIN_OBJECT_STORE = 80 * 1024 * 1024
 _MAX_OBJECT_STORE = 2 * 1024 ** 3
 
@@ -177,6 +180,7 @@ def connect(address: Optional[str] = None) -> None:
         sigint = signal.getsignal(signal.SIGINT) if in_main else None
         last: Optional[BaseException] = None
         for attempt in range(1, _STARTUP_ATTEMPTS + 1):
+            before = children(RAY_PROCESSES)
             try:
                 if address:
                     _shipped_working_dir = _init_remote(ray, address)
@@ -195,6 +199,7 @@ def connect(address: Optional[str] = None) -> None:
                     ray.shutdown()
                 except Exception:
                     pass
+                end_children(children(RAY_PROCESSES) - before)  # a start that failed midway leaves Ray's processes
                 if isinstance(exc, GroupError):
                     break  # ours, final, and its message says what to do
                 transient = "timed out during startup" in str(exc) or "timed out" in str(exc).lower()

@@ -1,0 +1,37 @@
+"""A Ray start that fails midway leaves no process behind: cluster.connect ends what the attempt started."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+
+import pytest
+
+from raytrain_nb import GroupError
+from raytrain_nb._internal import cluster, processes
+
+
+def test_a_failed_start_ends_the_processes_it_started_and_only_those(monkeypatch, tmp_path):
+    unrelated = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    started = []
+
+    def init(**_):
+        # as Ray's node start does: its GCS (a binary inside Ray's package) is up, then the start times out
+        started.append(subprocess.Popen(["sh", "-c", "sleep 60", f"{cluster.RAY_PROCESSES}gcs_server"]))
+        raise RuntimeError("The current node timed out during startup.")
+
+    fake = types.SimpleNamespace(init=init, shutdown=lambda: None, is_initialized=lambda: False)
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    monkeypatch.setattr(cluster, "_started_by_us", False)
+    monkeypatch.setattr(cluster, "enable_token_auth", lambda: None)
+    monkeypatch.setenv("RAYTRAIN_NB_NUM_CPUS", "1")
+    try:
+        with pytest.raises(GroupError, match="could not connect to a local Ray instance: The current node timed out"):
+            cluster.connect()
+        assert len(started) == cluster._STARTUP_ATTEMPTS
+        for proc in started:
+            assert proc.wait(timeout=10) == -9  # ended, each after its own attempt
+        assert unrelated.poll() is None and unrelated.pid in processes.children()  # not Ray's: left alone
+    finally:
+        unrelated.kill()
+        unrelated.wait(timeout=10)
