@@ -140,7 +140,8 @@ def main() -> int:
                                    (12, "bench_tune_warm", {"quick": args.quick}),
                                    (13, "bench_tune_widget", {"quick": args.quick}),
                                    (14, "bench_transformers", {"quick": args.quick}),
-                                   (15, "bench_lightning", {"quick": args.quick})):
+                                   (15, "bench_lightning", {"quick": args.quick}),
+                                   (16, "bench_xgboost", {"quick": args.quick})):
         if number in only and os.path.exists(os.path.join(BENCH_DIR, module + ".py")):
             attempt(module, lambda m=module, kw=kwargs: __import__(m).run(**kw))
 

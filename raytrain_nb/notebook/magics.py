@@ -38,8 +38,9 @@ class DistributedMagics(Magics):
     @argument("--workers", "-n", type=int, default=None, help="number of workers (first cell; default 2)")
     @argument("--gpus", type=float, default=None, help="GPUs per worker (first cell; default 0)")
     @argument("--cpus", type=float, default=None, help="CPUs per worker (first cell; default 1)")
-    @argument("--backend", choices=["gloo", "nccl", "none"], default=None,
-              help="torch.distributed backend (first cell; default nccl with GPUs, gloo without)")
+    @argument("--backend", choices=["gloo", "nccl", "none", "xgboost", "lightgbm", "tensorflow"], default=None,
+              help="torch.distributed backend, or a framework's own collective (xgboost, lightgbm, tensorflow) "
+                   "(first cell; default nccl with GPUs, gloo without)")
     @argument("--address", default=None, help="Ray cluster address (first cell; default RAY_ADDRESS or a local instance)")
     @argument("--ranks", default=None, help="run on these ranks only, e.g. 0,2")
     @argument("--output", choices=["rank0", "all", "none"], default="rank0",
@@ -99,7 +100,7 @@ class DistributedMagics(Magics):
         given = {attr: getattr(args, flag) for flag, attr in _SHAPING if getattr(args, flag) is not None}
         if group is not None and group.state is not GroupState.SHUTDOWN:
             live = {"num_workers": group.num_workers, "cpus_per_worker": group.config.cpus_per_worker,
-                    "gpus_per_worker": group.config.gpus_per_worker, "backend": group.backend,
+                    "gpus_per_worker": group.config.gpus_per_worker, "backend": group.config.framework or group.backend,
                     "address": group.address, "spares": group.num_spares,
                     "storage_path": group.storage_path, "name": group.name}
             diff = [f"--{flag} {given[attr]!r} (the group has {live[attr]!r})" for flag, attr in _SHAPING
@@ -116,7 +117,7 @@ class DistributedMagics(Magics):
             group = WorkerGroup(**kwargs)
         except GroupError as exc:
             raise UsageError(str(exc)) from None
-        print(f"raytrain_nb: {group.num_workers} workers ready ({group.backend}) in "
+        print(f"raytrain_nb: {group.num_workers} workers ready ({group.config.framework or group.backend}) in "
               f"{time.perf_counter() - started:.1f} s; run {group.name} in {group.run_storage.url}")
         return group
 

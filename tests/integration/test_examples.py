@@ -21,14 +21,16 @@ ROOT = Path(__file__).resolve().parents[2]
 # torch_data.py first: its ray.data call starts Ray implicitly, which must give the quiet embedded instance
 EXAMPLES = ["torch_data.py", "torch_quickstart.py", "torch_fault_tolerance.py", "transformers_torch_trainer.py",
             "tune_torch.py"]
-_IMPORT = re.compile(r"^\s*(import|from)\s+ray\.(train|tune\.integration\.ray_train)\b")
+_IMPORT = re.compile(r"^\s*((import|from)\s+ray\.(train|tune\.integration\.ray_train)\b|from ray import train\s*$)")
 
 
 def port(source: str) -> str:
     """Rewrite only the import lines of a Ray Train script."""
     out = []
     for line in source.splitlines(keepends=True):
-        if _IMPORT.match(line):
+        if _IMPORT.match(line) and line.lstrip().startswith("from ray import train"):  # Ray's docs' idiom
+            line = line.replace("from ray import train", "import raytrain_nb as train")
+        elif _IMPORT.match(line):
             line = line.replace("ray.tune.integration.ray_train", "raytrain_nb.tune")  # ray.tune itself stays
             line = line.replace("ray.train.torch", "raytrain_nb.torch").replace("ray.train", "raytrain_nb")
         out.append(line)

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Sequence, Set
 from ..errors import RankFailure
 from ..output import OutputSink, route
 from ..waits import wait_within
+from ..worker import framework as frameworks
 from ..worker.outcome import CellOutcome
 from . import timing
 from .monitor import death_cause
@@ -47,6 +48,11 @@ class Dispatch:
         self.released: Set[int] = set()
         self.interrupts = 0
         self._stuck_deadline = 0.0
+        self._released_at = 0.0  # when the first rank was released after a peer failed
+        self._peers_released = False
+        backend = frameworks.find(getattr(getattr(group, "config", None), "framework", None))
+        # a framework backend's collective (C++) cannot be released: ranks left in it are stopped after this long
+        self._stop_after_s = backend.stop_after_peer_failure_s if backend is not None else None
 
     def collect(self) -> Dict[int, CellOutcome]:
         while True:
@@ -54,6 +60,7 @@ class Dispatch:
                 while self.pending:
                     self._step(timing.POLL_INTERVAL_S)
                     self._check_stuck()
+                    self._stop_left_in_collective()
                 return self.results
             except KeyboardInterrupt:
                 self.interrupts += 1
@@ -124,6 +131,34 @@ class Dispatch:
         refs = [self._slot(r).actor.release.remote() for r in ranks]
         ray.wait(refs, num_returns=len(refs), timeout=timing.CONTROL_CALL_S)
         self.released.update(ranks)
+        self._released_at = self._released_at or time.monotonic()
+
+    def _stop_left_in_collective(self) -> None:
+        """Framework backends (XGBoost, LightGBM): ranks still running ``stop_after_peer_failure_s`` after a peer
+        failed are left in the library's collective, which nothing can release: stop them (named as died)."""
+        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
+
+        if self._stop_after_s is None or not self._released_at or not self.pending:
+            return
+        waited = time.monotonic() - self._released_at
+        if waited >= timing.RELEASE_PEERS_S and not self._peers_released:  # first ask them to let go
+            self._peers_released = True
+            self._release([r for r in self.pending.values()])
+        if waited < self._stop_after_s:
+            return
+        failed = sorted(r for r, res in self.results.items() if res.failure is not None)
+        for ref, rank in list(self.pending.items()):
+            slot = self._slot(rank)
+            cause = (f"stopped by raytrain_nb: still running {self._stop_after_s:g} s after rank(s) "
+                     f"{', '.join(map(str, failed))} failed, inside the {self.group.config.framework} collective "
+                     "(its state is lost: %dist_restart replaces it)")
+            try:
+                ray.kill(slot.actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+            del self.pending[ref]
+            self.results[rank] = _died(rank, slot, cause)
+            self.group.mark_dead(slot.actor, cause)
 
     def _poll(self) -> None:
         import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import importlib
 import logging
 import sys
@@ -11,6 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from ..errors import GroupError, RankFailure, WorkerError
 from ..output import OUTPUT_MODES, OutputSink, TextSink
 from ..waits import FETCH_S, wait_within
+from ..worker import framework as frameworks
 from ..worker.cell import format_user_traceback, needs_ipython
 from ..worker.outcome import CellOutcome
 from . import timing
@@ -108,8 +110,8 @@ class ExecutionMixin:
             self.run_storage.background_error = None
         try:
             partial = len(targets) < self.num_workers
-            results = self._dispatch(lambda s: s.actor.run_cell.remote(source, cell_id, True, base, partial), targets,
-                                     sink, output, shown)
+            results = self._dispatch(lambda s, fw: s.actor.run_cell.remote(source, cell_id, True, base, partial, fw),
+                                     targets, sink, output, shown)
         finally:
             self.run_storage.advance(max(self._reports_seen(base), 0))
         values = {r: res.value for r, res in results.items()}
@@ -137,8 +139,8 @@ class ExecutionMixin:
         base = self.run_storage.report_base
         try:
             partial = len(targets) < self.num_workers
-            results = self._dispatch(lambda s: s.actor.execute.remote(fn, args, kwargs, base, partial), targets,
-                                     sink or TextSink(), output, targets[:1] if output == "rank0" else targets)
+            results = self._dispatch(lambda s, fw: s.actor.execute.remote(fn, args, kwargs, base, partial, fw),
+                                     targets, sink or TextSink(), output, targets[:1] if output == "rank0" else targets)
         finally:
             self.run_storage.advance(max(self._reports_seen(base), 0))
         return [results[r].value for r in targets]
@@ -150,12 +152,25 @@ class ExecutionMixin:
                 self.slots[r].mark(SlotState.RUNNING)
             self.transition(GroupState.RUNNING)
             try:
-                run = Dispatch(self, {submit(self.slots[r]): r for r in targets}, sink, mode, shown)
-                results = run.collect()
+                with self._framework_cell(targets) as specs:  # a framework backend's collective for this cell
+                    run = Dispatch(self, {submit(self.slots[r], spec): r for r, spec in zip(targets, specs)},
+                                   sink, mode, shown)
+                    results = run.collect()
             except BaseException:
                 self._settle({})
                 raise
             return self._finish(run, results, sink, mode, shown)
+
+    @contextlib.contextmanager
+    def _framework_cell(self, targets: List[int]) -> Any:
+        """Yields per target ``(backend, spec)`` for the worker, or None each without a framework backend."""
+        backend = frameworks.find(getattr(self.config, "framework", None))
+        if backend is None:
+            yield [None] * len(targets)
+            return
+        local = len({s.info.get("node_id") for s in self.slots}) == 1
+        with backend.driver_cell([self.slots[r] for r in targets], local) as specs:
+            yield [(backend, spec) for spec in specs]
 
     def _finish(self, run: Dispatch, results: Dict[int, CellOutcome], sink: OutputSink, mode: str,
                 shown: Sequence[int]) -> Dict[int, CellOutcome]:

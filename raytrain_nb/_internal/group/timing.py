@@ -30,3 +30,6 @@ STEP_GRACE_S = 5.0
 SETTLE_S = 45.0
 #: A quick step of starting a worker (opening the rendezvous store, setting the run directory).
 CONTROL_START_S = 60.0
+#: Framework backends: how long after a peer failed the ranks still running are released from the library's
+#: collective (their sockets closed under them); they are stopped at the backend's ``stop_after_peer_failure_s``.
+RELEASE_PEERS_S = 2.0

@@ -27,6 +27,7 @@ from .cell_thread import CellThread, to_cpu
 from .checkpointing import CheckpointingWorker
 from .display import WorkerDisplay
 from .forming import FormingWorker
+from .framework import call_in, release_current
 from .outcome import CellOutcome
 from .session import WorkerSession
 from .snapshot import fingerprint
@@ -177,16 +178,17 @@ class Worker(FormingWorker, CheckpointingWorker):
         return result
 
     def run_cell(self, source: str, cell_id: int, show_value: bool = True, report_base: int = 0,
-                 partial: bool = False) -> CellOutcome:
+                 partial: bool = False, framework: Optional[Any] = None) -> CellOutcome:
         """Run cell source in the persistent namespace; return outputs, value and failure.
 
         ``report_base`` numbers the checkpoints this cell reports (``checkpoint_<base + i>``);
-        ``partial``: the cell runs on some ranks only, so it cannot report a checkpoint.
+        ``partial``: the cell runs on some ranks only, so it cannot report a checkpoint;
+        ``framework``: ``(backend, spec)`` of a framework backend the cell runs inside (``worker/framework.py``).
         """
-        return self._cells.call(self._run_cell, source, cell_id, show_value, report_base, partial)
+        return self._cells.call(self._run_cell, source, cell_id, show_value, report_base, partial, framework)
 
     def _run_cell(self, source: str, cell_id: int, show_value: bool, report_base: int = 0,
-                  partial: bool = False) -> CellOutcome:
+                  partial: bool = False, framework: Optional[Any] = None) -> CellOutcome:
         self._report_base, self._partial = report_base, partial
         filename = f"<cell-{cell_id}>"
         self._begin(filename)
@@ -198,7 +200,7 @@ class Worker(FormingWorker, CheckpointingWorker):
                     self._display.ensure_shell()
                 code = cellmod.transform(source)
                 body, tail = cellmod.compile_cell(code, filename)
-                value = self._call_user(cellmod.run_compiled, body, tail, self.namespace)
+                value = self._call_user(call_in, framework, cellmod.run_compiled, body, tail, self.namespace)
                 self._display.flush_figures()
                 if show_value and value is not None:
                     result.value = self._display.format(value)
@@ -215,20 +217,20 @@ class Worker(FormingWorker, CheckpointingWorker):
         return result
 
     def execute(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, Any],
-                report_base: int = 0, partial: bool = False) -> CellOutcome:
-        """Call ``fn(*args, **kwargs)`` on the cell thread; return its value or failure."""
-        return self._cells.call(self._execute, fn, args, kwargs, report_base, partial)
+                report_base: int = 0, partial: bool = False, framework: Optional[Any] = None) -> CellOutcome:
+        """Call ``fn(*args, **kwargs)`` on the cell thread (inside ``framework``, as :meth:`run_cell`);
+        return its value or failure."""
+        return self._cells.call(self._execute, fn, args, kwargs, report_base, partial, framework)
 
     def _execute(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, Any],
-                 report_base: int = 0, partial: bool = False) -> CellOutcome:
+                 report_base: int = 0, partial: bool = False, framework: Optional[Any] = None) -> CellOutcome:
         self._report_base, self._partial = report_base, partial
         self._begin(getattr(fn, "__name__", "function"))
         result = CellOutcome(rank=self.rank)
         started = time.perf_counter()
         try:
             try:
-                result.value = self._call_user(fn, *args, **kwargs) if not kwargs else \
-                    self._call_user(lambda: fn(*args, **kwargs))
+                result.value = self._call_user(call_in, framework, lambda: fn(*args, **kwargs))
             except BaseException as exc:  # noqa: BLE001
                 result.failure = self._failure(exc)
         finally:
@@ -281,8 +283,10 @@ class Worker(FormingWorker, CheckpointingWorker):
         return {"call": self._cells.current, "phase": self.pg.phase}
 
     def release(self) -> bool:
-        """Break this rank's process group so peers blocked in a collective fail at once."""
-        return self.pg.break_()
+        """Break this rank's process group (and a framework backend's collective) so peers blocked in a
+        collective fail at once."""
+        released = release_current()
+        return self.pg.break_() or released
 
     def stack(self) -> str:
         """The Python stack of the cell thread."""

@@ -18,6 +18,7 @@ import random
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import SnapshotError
+from .boosters import is_booster, load_into, model_bytes
 from .walk import walk
 
 _PLAIN = (int, float, str, bool, type(None), bytes)
@@ -32,9 +33,10 @@ class Tracked:
     schedulers: Dict[str, Any]
     scalers: Dict[str, Any]
     wrappers: Dict[str, Any] = dataclasses.field(default_factory=dict)  # DDP wrappers, by path
+    boosters: Dict[str, Any] = dataclasses.field(default_factory=dict)  # XGBoost / LightGBM boosters
 
     def names(self) -> List[str]:
-        return sorted([*self.modules, *self.optimizers, *self.schedulers, *self.scalers])
+        return sorted([*self.modules, *self.optimizers, *self.schedulers, *self.scalers, *self.boosters])
 
 
 def unwrap(module: Any) -> Any:
@@ -48,7 +50,7 @@ def is_tracked_type(obj: Any) -> bool:
     import torch  # torch: loaded on first use, not on import raytrain_nb
 
     return isinstance(obj, (torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)) or (
-        type(obj).__name__ == "GradScaler" and hasattr(obj, "state_dict"))
+        type(obj).__name__ == "GradScaler" and hasattr(obj, "state_dict")) or is_booster(obj)
 
 
 def find_tracked(namespace: Dict[str, Any], strict: bool = True) -> Tracked:
@@ -80,6 +82,8 @@ def find_tracked(namespace: Dict[str, Any], strict: bool = True) -> Tracked:
             tracked.schedulers[path] = obj
         elif type(obj).__name__ == "GradScaler" and hasattr(obj, "state_dict"):
             tracked.scalers[path] = obj
+        elif is_booster(obj):
+            tracked.boosters[path] = obj
     params = {id(p) for m in tracked.modules.values() for p in m.parameters()}
     for path, opt in list(tracked.optimizers.items()):
         if not any(id(p) in params for g in opt.param_groups for p in g["params"]):
@@ -167,6 +171,7 @@ def capture(namespace: Dict[str, Any], var_names: Sequence[str] = (),
         "optimizers": {n: cpu_state(o.state_dict(), copy) for n, o in tracked.optimizers.items()},
         "schedulers": {n: cpu_state(s.state_dict(), copy) for n, s in tracked.schedulers.items()},
         "scalers": {n: cpu_state(s.state_dict(), copy) for n, s in tracked.scalers.items()},
+        "boosters": {n: model_bytes(b) for n, b in tracked.boosters.items()},
     }
     return replicated, {"rng": rng_state()}, {n: cpu_state(namespace[n], copy) for n in var_names}
 
@@ -203,6 +208,8 @@ def kind_of(obj: Any) -> Optional[str]:
         return "schedulers"
     if type(obj).__name__ == "GradScaler" and hasattr(obj, "state_dict"):
         return "scalers"
+    if is_booster(obj):
+        return "boosters"
     return None
 
 
@@ -242,7 +249,7 @@ def restore(namespace: Dict[str, Any], replicated: Dict[str, Any], own: Optional
 
     tracked = find_tracked(namespace)
     kinds = (("modules", tracked.modules), ("optimizers", tracked.optimizers),
-             ("schedulers", tracked.schedulers), ("scalers", tracked.scalers))
+             ("schedulers", tracked.schedulers), ("scalers", tracked.scalers), ("boosters", tracked.boosters))
     lost = [f"{name} ({kind[:-1]})" for kind, live in kinds for name in replicated.get(kind, {}) if name not in live]
     if lost:
         how = ("no longer exist in the workers' namespace; re-create them (re-run their cell)" if action == "roll back"
@@ -258,7 +265,10 @@ def restore(namespace: Dict[str, Any], replicated: Dict[str, Any], own: Optional
     with torch.no_grad():
         for kind, live in kinds:
             for name, state in replicated.get(kind, {}).items():
-                live[name].load_state_dict(state)
+                if kind == "boosters":
+                    load_into(live[name], state)
+                else:
+                    live[name].load_state_dict(state)
                 restored.append(name)
     for name, value in (replicated.get("vars", {}) if variables is None else variables).items():
         namespace[name] = value
