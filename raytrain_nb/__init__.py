@@ -16,14 +16,15 @@ from typing import Any
 
 from ._internal import frontend as _frontend
 from ._internal.frameworks import boosting as _boosting
+from ._internal.frameworks import tensorflow_backend as _tensorflow_backend
 from ._internal.worker import framework as _framework
 from ._internal.worker.session import TrainContext, get_checkpoint, get_context, get_dataset_shard, report
 from .notebook.frontend import FRONTEND as _NOTEBOOK_FRONTEND
 
 # The core shows dashboards through a hook; the notebook layer is what fills it.
 _frontend.register(_NOTEBOOK_FRONTEND)
-# WorkerGroup(backend="xgboost" | "lightgbm"): framework backends the group wraps every cell in.
-for _backend in (_boosting.XGBOOST, _boosting.LIGHTGBM):
+# WorkerGroup(backend="xgboost" | "lightgbm" | "tensorflow"): framework backends the group wraps every cell in.
+for _backend in (_boosting.XGBOOST, _boosting.LIGHTGBM, _tensorflow_backend.TENSORFLOW):
     _framework.register(_backend)
 
 __version__ = "0.1.0"

@@ -25,6 +25,7 @@ def install() -> None:
         return
     original = auto_init_hook.auto_init_ray
     if getattr(original, "_rtnb", False):
+        _install_for_tune()  # Tune may have been loaded since
         return
 
     def auto_init_ray() -> None:
@@ -41,6 +42,7 @@ def install() -> None:
 
     auto_init_ray._rtnb = True  # type: ignore[attr-defined]
     auto_init_hook.auto_init_ray = auto_init_ray
+    _install_for_tune()
     # Modules that did ``from ray._private.auto_init_hook import auto_init_ray`` hold the original.
     for module in list(sys.modules.values()):
         if getattr(module, "auto_init_ray", None) is original and module is not auto_init_hook:
@@ -48,3 +50,25 @@ def install() -> None:
                 module.auto_init_ray = auto_init_ray
             except Exception:  # noqa: BLE001 - a read-only module: that path keeps Ray's default
                 pass
+
+
+def _install_for_tune() -> None:
+    """Ray Tune starts Ray with a plain ``ray.init()`` of its own (``tune.py`` ``_ray_auto_init``) when
+    ``Tuner.fit()`` finds it not running: make that start the embedded instance too (Tune already loaded)."""
+    tune = sys.modules.get("ray.tune.tune")
+    original = getattr(tune, "_ray_auto_init", None)
+    if original is None or getattr(original, "_rtnb", False):
+        return
+
+    def _ray_auto_init(entrypoint: str) -> None:
+        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
+
+        if os.environ.get("TUNE_DISABLE_AUTO_INIT") != "1" and not ray.is_initialized():
+            try:
+                cluster.connect()
+            except Exception as exc:  # noqa: BLE001 - let Tune try its own way, and say why
+                logger.warning("starting Ray the raytrain_nb way failed (%s); Tune calls ray.init()", exc)
+        original(entrypoint)
+
+    _ray_auto_init._rtnb = True  # type: ignore[attr-defined]
+    tune._ray_auto_init = _ray_auto_init

@@ -258,6 +258,10 @@ class FitRun:
                     decision: elastic.Decision = elastic.Resize(grow_to, f"growing to {grow_to} workers")
                 else:
                     decision = elastic.decide(group, exc, self.scaling)
+                if self.t.fresh_processes and not isinstance(decision, elastic.Recreate):
+                    decision = elastic.Recreate(group.num_workers, f"{decision.reason}; fresh processes for every "
+                                                f"rank ({type(self.t).__name__}: {self.t.fresh_processes})")
+                if grow_to is None:
                     self._notice(f"{why}: {decision.reason}; the loop runs again from the newest checkpoint")
                 if isinstance(decision, elastic.Recreate):
                     group.shutdown()  # the new group's run storage settles what the failure left

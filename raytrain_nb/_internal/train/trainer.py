@@ -28,6 +28,7 @@ from ..checkpoint.checkpoint import Checkpoint
 from ..errors import ConfigError, GroupError
 from ..group.datasets import check_datasets
 from ..validate import fail
+from ..worker import framework as frameworks
 from .autoinit import install
 from .config import BackendConfig, DataConfig, RunConfig, ScalingConfig, TorchConfig
 from .fit_run import FitRun, storage_path_for
@@ -37,15 +38,11 @@ from .trial import OLD_FORM, current_trial
 logger = logging.getLogger(__name__)
 
 # A script's first implicit ray.init() (e.g. ray.data.from_items) starts the quiet embedded instance.
-_autoinit_installed = False
 
 
 def install_autoinit() -> None:
-    global _autoinit_installed
-    if not _autoinit_installed:
-
-        install()
-        _autoinit_installed = True
+    """Make Ray's implicit start (and Ray Tune's, once Tune is loaded) start the embedded instance."""
+    install()
 
 
 def _check_type(cls: str, field: str, value: Any, kind: type, hint: str) -> None:
@@ -126,6 +123,13 @@ class DataParallelTrainer:
 
         self.storage_path = storage_path_for(self.run_config)
         install_autoinit()
+
+    @property
+    def fresh_processes(self) -> str:
+        """Why every failure starts fresh processes for every rank (the backend's library cannot form its
+        collective again in a live process); "" when survivors keep theirs."""
+        backend = frameworks.find(self.backend)
+        return backend.fresh_processes if backend is not None else ""
 
     def _resolve_backend(self) -> str:
         backend = self.backend_config.backend or self._default_backend

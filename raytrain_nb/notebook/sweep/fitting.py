@@ -17,6 +17,7 @@ import logging
 import threading
 from typing import Any, Callable
 
+from ..._internal.train.trainer import install_autoinit
 from ..._internal.waits import join_within
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ async def fit_in_thread(tuner: Any, stop_all: Callable[[], None], enter: Callabl
         Whatever ``tuner.fit()`` raised; ``KeyboardInterrupt`` when the sweep did not end within
         ``STOP_S`` of Ctrl-C.
     """
+    install_autoinit()  # Tune's own ray.init() (when Ray is not running yet) starts the embedded instance
     done: "concurrent.futures.Future[Any]" = concurrent.futures.Future()
 
     def run() -> None:
