@@ -140,12 +140,12 @@ def test_rescale_2_1_2_keeps_training_where_it_was(group):
 
 
 def test_a_loader_a_new_rank_receives_from_its_peer_is_resharded_for_it(group):
-    # Data pushed from the notebook is not replayed on a new rank: its setup cell fails there for want of it,
-    # and the rank receives the loader from its peer on joining, sampler and all. That sampler pointed at the
+    # A loader made in a cell that also trained is not remade on a new rank (it replays only that cell's
+    # definitions): the rank receives it from its peer on joining, sampler and all. That sampler pointed at the
     # peer's shard (of a 1-worker group here): the two ranks then ran different numbers of DDP steps and the
     # one with more waited forever in backward().
-    group.push(pushed=torch.utils.data.TensorDataset(torch.randn(48, 10), torch.randn(48, 1)))
-    quiet(group, "loader2 = prepare_data_loader(torch.utils.data.DataLoader(pushed, batch_size=4, shuffle=True))")
+    quiet(group, "loader2 = prepare_data_loader(torch.utils.data.DataLoader(data, batch_size=4, shuffle=True))\n"
+                 "train.report({'made': 1})")
     group.rescale(1)
     group.rescale(2)
     shards = group.run("(loader2.sampler.rank, loader2.sampler.num_replicas, sorted(iter(loader2.sampler)))",
@@ -154,6 +154,32 @@ def test_a_loader_a_new_rank_receives_from_its_peer_is_resharded_for_it(group):
     assert (r0, n0, r1, n1) == (0, 2, 1, 2)
     assert len(first) == len(second) == 24 and not set(first) & set(second)
     quiet(group, EPOCH.replace("in loader:", "in loader2:"))  # the same number of steps on both: it ends
+
+
+def test_when_every_worker_died_restart_from_a_checkpoint_needs_no_survivor(ray_session):
+    group = WorkerGroup(1, heartbeat_timeout_s=3)
+    try:
+        # a value pushed from the notebook: the new rank gets it again before it replays the setup cell
+        group.push(data=torch.utils.data.TensorDataset(torch.randn(48, 10), torch.randn(48, 1)))
+        quiet(group, SETUP.replace("data = torch.utils.data.TensorDataset(torch.randn(48, 10), "
+                                   "torch.randn(48, 1))\n", ""))
+        quiet(group, EPOCH)
+        group.checkpoint("before")
+        saved = rank_state(group)[0]
+        quiet(group, EPOCH)
+        os.kill(group.status()[0].pid, signal.SIGKILL)
+        with pytest.raises(WorkerError):
+            quiet(group, "step")
+        with pytest.raises(GroupError, match="no live worker is left to copy the state from: restart from a "
+                                             "checkpoint"):
+            group.restart()
+        assert group.restart(from_checkpoint="before") == [0]
+        restored = rank_state(group)[0]
+        # the model and optimizer are the snapshot's (plain variables such as step only when named in vars=)
+        assert all(torch.equal(a, b) for a, b in zip(restored[0] + restored[1], saved[0] + saved[1]))
+        quiet(group, EPOCH)  # and it trains on
+    finally:
+        group.shutdown()
 
 
 def test_kill_two_of_three_then_restart_both(ray_session):

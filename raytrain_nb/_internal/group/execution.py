@@ -248,6 +248,7 @@ class ExecutionMixin:
                 raise GroupError(f"cannot push {name!r}: a {type(value).__name__} cannot be pickled ({exc})") from None
         ref = ray.put(values)
         self._get([s.actor.push.remote(ref) for s in self.slots], timing.PUSH_S, "receive values in")
+        self.pushed.update(values)  # a new rank gets them before it replays the cells
 
     def pull(self, name: str, rank: Optional[int] = 0) -> Any:
         """A variable from one rank (default 0) or, with ``rank=None``, a list from every rank.

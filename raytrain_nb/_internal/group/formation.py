@@ -65,15 +65,16 @@ class FormationMixin:
             slot.rank_info = info
         return infos
 
-    def _rendezvous(self, method: str, src: int = 0, fresh: Sequence[int] = ()) -> List[Any]:
+    def _rendezvous(self, method: str, src: int = 0, fresh: Sequence[int] = (), anew: bool = False) -> List[Any]:
         """Form the process group over ``self.slots`` in rank order.
 
         ``setup`` on a new group; ``join`` to re-form one (after an interrupt,
         a failure or a resize), broadcasting replicated state from rank ``src``;
-        ranks in ``fresh`` also receive what they lack. Returns each rank's answer.
+        ranks in ``fresh`` also receive what they lack. ``anew``: every rank is new (a restart from a
+        checkpoint with no survivor), none receives anything. Returns each rank's answer.
         """
         await_settled(list(self.slots), SETTLE_S)
-        if method == "join":  # a worker that never completed a formation (a failed one's) is new too
+        if method == "join" and not anew:  # a worker that never completed a formation (a failed one's) is new too
             fresh = sorted(set(fresh) | {r for r, s in enumerate(self.slots) if not s.joined})
             if src in fresh:
                 held = [r for r in range(len(self.slots)) if r not in fresh]

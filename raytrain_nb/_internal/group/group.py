@@ -97,6 +97,7 @@ class WorkerGroup(FormationMixin, ExecutionMixin, LivenessMixin):
         self._state_lock = threading.RLock()
         self.slots = SlotTable()
         self.history: List[CellRecord] = []
+        self.pushed: Dict[str, Any] = {}  # the latest value pushed under each name (new ranks get them too)
         self._max_report_index = -1
         self.background: Optional[Any] = None  # the latest BackgroundRun
         self.replay_failures: List[str] = []  # setup cells that failed when a new rank replayed them
@@ -292,16 +293,16 @@ class WorkerGroup(FormationMixin, ExecutionMixin, LivenessMixin):
         plain variables the replacement lacks) is broadcast from a survivor.
 
         With ``from_checkpoint`` (a snapshot name, or ``"latest"``) every rank then loads
-        that snapshot instead.
+        that snapshot instead; then no live worker is needed (every rank may have died).
 
         Returns:
             The ranks replaced.
 
         Raises:
-            GroupError: no dead worker, or no live worker to copy state from.
+            GroupError: no dead worker, or no live worker to copy state from (and no ``from_checkpoint``).
         """
         self.run_storage.recover()
-        replaced = restart(self)
+        replaced = restart(self, from_checkpoint is not None)
         if from_checkpoint is not None:
             self.rollback(from_checkpoint)
         return replaced

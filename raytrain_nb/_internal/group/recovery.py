@@ -13,9 +13,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from typing import TYPE_CHECKING, Any, Dict, List, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from ..errors import GroupError, RecoveryError
+from ..worker import framework as frameworks
 from .placement import await_bundles, await_recorded_deaths, bundles_placed, check_cluster, reserve, share_cpus
 from .slots import Place, Slot
 from .state import GroupState, SlotState
@@ -65,6 +66,11 @@ def _prepare_new(group: "WorkerGroup", ranks: Sequence[int]) -> Dict[int, List[s
                                         group.backend, addr, 0, True) for r in ranks]
     for r, res in zip(ranks, group._get(refs, group.start_timeout_s, "start")):
         slots[r].device = res["device"]
+    if group.pushed:  # values pushed from the notebook, which the cells to replay may use
+        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
+
+        ref = ray.put(dict(group.pushed))
+        group._get([slots[r].actor.push.remote(ref) for r in ranks], CONTROL_START_S, "receive pushed values in")
     cells = [(c.cell_id, c.source, c.setup) for c in group.history]
     if not cells:
         return {}
@@ -73,10 +79,12 @@ def _prepare_new(group: "WorkerGroup", ranks: Sequence[int]) -> Dict[int, List[s
     return dict(zip(ranks, failed))
 
 
-def _join_new(group: "WorkerGroup", src: int, ranks: Sequence[int], failed: Dict[int, List[str]]) -> None:
+def _join_new(group: "WorkerGroup", src: Optional[int], ranks: Sequence[int], failed: Dict[int, List[str]]) -> None:
     """Re-form the group with the new ``ranks``; then report the replay failures that joining did not
-    explain (a NameError for a name the rank then received from its peer is not one)."""
-    results = group._rendezvous("join", src=src, fresh=ranks)
+    explain (a NameError for a name the rank then received from its peer is not one). ``src`` None: every
+    rank is new and nothing is copied (a checkpoint is loaded next)."""
+    results = group._rendezvous("join", src=src if src is not None else 0, fresh=ranks if src is not None else (),
+                                anew=src is None)
     for r, lines in failed.items():
         received = set(results[r].get("received", ())) if isinstance(results[r], dict) else set()
         for line in lines:
@@ -88,12 +96,14 @@ def _join_new(group: "WorkerGroup", src: int, ranks: Sequence[int], failed: Dict
             group.replay_failures.append(f"rank {r}: {line}")
 
 
-def _survivor(group: "WorkerGroup", new: Sequence[int]) -> int:
+def _survivor(group: "WorkerGroup", new: Sequence[int], from_checkpoint: bool = False) -> Optional[int]:
+    """The rank new ones copy their state from; None when every rank is new and a checkpoint follows."""
     live = [r for r in range(group.num_workers) if r not in new]
-    if not live:
-        raise GroupError("no live worker is left to copy the state from: start a new group (and roll back "
-                         "to a checkpoint), or restart from a checkpoint")
-    return live[0]
+    if not live and not from_checkpoint:
+        raise GroupError("no live worker is left to copy the state from: restart from a checkpoint "
+                         "(%dist_restart --from-checkpoint NAME, group.restart(from_checkpoint=...)), or start a "
+                         "new group and roll back to one")
+    return live[0] if live else None
 
 
 def _await_places(group: "WorkerGroup", slots: Sequence[Slot], ranks: Sequence[int]) -> None:
@@ -110,9 +120,10 @@ def _await_places(group: "WorkerGroup", slots: Sequence[Slot], ranks: Sequence[i
                          "(%dist_rescale N, group.rescale(n)), or add a node and restart again")
 
 
-def replace_ranks(group: "WorkerGroup", ranks: List[int]) -> None:
-    """New actors in the places of ``ranks``; state from the lowest surviving rank."""
-    src = _survivor(group, ranks)
+def replace_ranks(group: "WorkerGroup", ranks: List[int], from_checkpoint: bool = False) -> None:
+    """New actors in the places of ``ranks``; state from the lowest surviving rank (none needed when a
+    checkpoint is loaded next)."""
+    src = _survivor(group, ranks, from_checkpoint)
     slots = group.slots
     group.transition(GroupState.RECOVERING)
     try:
@@ -138,21 +149,33 @@ def replace_ranks(group: "WorkerGroup", ranks: List[int]) -> None:
         group.transition(GroupState.FAILED)
         raise
     group.transition(GroupState.IDLE)
-    logger.info("replaced rank(s) %s; state copied from rank %d", ranks, src)
+    logger.info("replaced rank(s) %s; state %s", ranks, f"copied from rank {src}" if src is not None else
+                "from their replayed cells, then the checkpoint")
 
 
-def restart(group: "WorkerGroup") -> List[int]:
+def _check_in_place(group: "WorkerGroup", what: str) -> None:
+    """Refuse ``what`` on a group whose library cannot form its collective again in a live process."""
+    backend = frameworks.find(group.config.framework)
+    if backend is not None and backend.fresh_processes:
+        raise GroupError(f"a backend={backend.name!r} group cannot {what} in place ({backend.fresh_processes}): "
+                         "%dist_shutdown (group.shutdown()), then run the setup cells again in a new group (a "
+                         "trainer on it starts fresh processes for every rank by itself)")
+
+
+def restart(group: "WorkerGroup", from_checkpoint: bool = False) -> List[int]:
     group._check_not_running()
+    _check_in_place(group, "restart")
     group.status()  # ping every worker: a death Ray knows of but the monitor has not seen yet counts
     dead = group.slots.gone_ranks()
     if not dead:
         raise GroupError("no dead worker to restart: every rank is alive (%dist_status shows them)")
-    replace_ranks(group, dead)
+    replace_ranks(group, dead, from_checkpoint)
     return dead
 
 
 def rescale(group: "WorkerGroup", num_workers: int) -> None:
     group._check_not_running()
+    _check_in_place(group, "rescale")
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
         raise GroupError(f"rescale to {num_workers!r} workers is not possible: give a whole number of at least 1")
     group.status()  # ping every worker: a death Ray knows of but the monitor has not seen yet counts
