@@ -28,12 +28,24 @@ def missing() -> Optional[str]:
     """Why the browser test cannot run here, or None."""
     if not os.path.exists(CHROMIUM):
         return f"{CHROMIUM} is missing: apt-get install -y chromium"
-    for module in ("playwright", "jupyterlab"):
+    for module in ("playwright", "jupyterlab", "notebook"):
         try:
             __import__(module)
         except ImportError:
             return f"python package {module} is missing: pip install -e '.[dev]'"
     return None
+
+
+def require() -> None:
+    """Skip the calling test when it cannot run here, except under CI (``CI=true``), where it fails."""
+    import pytest  # pytest: only the tests that use this module call it
+
+    why = missing()
+    if why is None:
+        return
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"the browser test cannot run under CI: {why}")
+    pytest.skip(why)
 
 
 def _die_with_parent() -> None:
@@ -52,10 +64,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class LabServer:
-    """``jupyter lab`` in its own process group; :meth:`stop` ends it and its kernels."""
+#: The front ends a test can open: the server module to run and where a notebook's page is.
+APPS = {"lab": ("jupyterlab", "lab/tree"), "notebook": ("notebook", "notebooks")}
 
-    def __init__(self, root: Path, env: Optional[Dict[str, str]] = None) -> None:
+
+class LabServer:
+    """``jupyter lab`` (or Jupyter Notebook 7, ``app="notebook"``) in its own process group; :meth:`stop`
+    ends it and its kernels."""
+
+    def __init__(self, root: Path, env: Optional[Dict[str, str]] = None, app: str = "lab") -> None:
         self.root = root
         self.token = secrets.token_hex(16)
         self.port = _free_port()
@@ -67,8 +84,9 @@ class LabServer:
         full_env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(settings),
                         JUPYTERLAB_WORKSPACES_DIR=str(root.parent / "lab-workspaces"), **(env or {}))
         full_env.pop("JUPYTER_TOKEN", None)
-        self.log = open(root.parent / "jupyterlab.log", "w")
-        cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ip=127.0.0.1",
+        self.log = open(root.parent / f"jupyter-{app}.log", "w")
+        module, self.page_path = APPS[app]
+        cmd = [sys.executable, "-m", module, "--no-browser", "--allow-root", "--ip=127.0.0.1",
                f"--port={self.port}", f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={root}"]
         self.proc = subprocess.Popen(cmd, cwd=root, env=full_env, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True, preexec_fn=_die_with_parent)
@@ -79,7 +97,7 @@ class LabServer:
         return f"http://127.0.0.1:{self.port}"
 
     def url(self, notebook: str) -> str:
-        return f"{self.base}/lab/tree/{notebook}?token={self.token}"
+        return f"{self.base}/{self.page_path}/{notebook}?token={self.token}"
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S

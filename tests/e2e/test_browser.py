@@ -15,14 +15,13 @@ it fails instead: ``.ci/run`` also refuses a run in which it was skipped.
 """
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from .lab import CHROMIUM, CHROMIUM_ARGS, LabServer, missing
+from .lab import CHROMIUM, CHROMIUM_ARGS, LabServer, require
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]  # ~60-90 s; minutes on a loaded machine
 
@@ -57,18 +56,9 @@ print("killed rank 1, pid", victim.pid)""",
 ]
 
 
-def _require() -> None:
-    why = missing()
-    if why is None:
-        return
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(f"the browser test cannot run under CI: {why}")
-    pytest.skip(why)
-
-
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    _require()
+    require()
     root = tmp_path_factory.mktemp("lab") / "root"
     root.mkdir()
     nb = nbformat.v4.new_notebook()
