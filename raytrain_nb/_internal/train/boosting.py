@@ -58,6 +58,11 @@ class LightGBMConfig(BackendConfig):
 class _BoostingTrainer(DataParallelTrainer):
     _library = ""
 
+    @classmethod
+    def get_model(cls, checkpoint: Any) -> Any:
+        """Deprecated in Ray Train 2.60: use ``RayTrainReportCallback.get_model``."""
+        raise DeprecationWarning(f"{cls.__name__}.get_model is deprecated: use RayTrainReportCallback.get_model")
+
     def __init__(self, train_loop_per_worker: Callable[..., Any], *, train_loop_config: Optional[Dict[str, Any]],
                  config: Optional[BackendConfig], scaling_config: Optional[ScalingConfig],
                  run_config: Optional[RunConfig], datasets: Optional[Dict[str, Any]],
@@ -107,11 +112,6 @@ class XGBoostTrainer(_BoostingTrainer):
                          metadata=metadata,
                          legacy=label_column is not None or params is not None or num_boost_round is not None)
 
-    @classmethod
-    def get_model(cls, checkpoint: Any) -> Any:
-        """Deprecated in Ray Train 2.60: use ``RayTrainReportCallback.get_model``."""
-        raise DeprecationWarning("XGBoostTrainer.get_model is deprecated: use RayTrainReportCallback.get_model")
-
 
 class LightGBMTrainer(_BoostingTrainer):
     """Ray Train's ``LightGBMTrainer``: ``train_loop_per_worker`` runs on every worker with
@@ -138,8 +138,3 @@ class LightGBMTrainer(_BoostingTrainer):
                          dataset_config=dataset_config, resume_from_checkpoint=resume_from_checkpoint,
                          metadata=metadata,
                          legacy=label_column is not None or params is not None or num_boost_round is not None)
-
-    @classmethod
-    def get_model(cls, checkpoint: Any) -> Any:
-        """Deprecated in Ray Train 2.60: use ``RayTrainReportCallback.get_model``."""
-        raise DeprecationWarning("LightGBMTrainer.get_model is deprecated: use RayTrainReportCallback.get_model")
