@@ -115,7 +115,10 @@ def test_a_rank_that_raises_inside_the_collective_ends_the_cell_on_every_rank(lg
     assert time.monotonic() - started < 60  # the failed rank closed its sockets: rank 0 did not wait for time_out
     assert "rank 1 fails inside lightgbm.train" in str(info.value)
     assert info.value.ranks == [0, 1]
-    assert "stopped by raytrain_nb" not in str(info.value)  # rank 0 failed in the collective, not stopped
+    # Rank 0 fails in the collective once rank 1 closed its sockets, or (LightGBM does not always notice a peer
+    # that closed cleanly, even after the release) is stopped by the stated rule and named; then restart.
+    if "stopped by raytrain_nb: still running" in str(info.value):
+        assert lgb_group.restart() == [0]
     assert quiet(lgb_group, TRAIN).values[0][0]["text/plain"] == "(2, 3)"  # the next cell trains again
 
 
