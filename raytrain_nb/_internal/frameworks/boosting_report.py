@@ -81,3 +81,20 @@ def saved(save: Callable[[str], Any], filename: str) -> Iterator[Optional[Checkp
 def report(metrics: Dict[str, Any], checkpoint: Optional[Checkpoint] = None) -> None:
     """``raytrain_nb.report`` (every rank reports; only rank 0 passes the checkpoint)."""
     session.report(metrics, checkpoint=checkpoint)
+
+
+def booster_checkpoint(cls: Any, booster: Any, preprocessor: Any, path: Optional[str]) -> Any:
+    """``cls.from_model``: save ``booster`` as ``cls.MODEL_FILENAME`` into ``path`` (default: a new temporary
+    directory) and return its checkpoint of class ``cls``.
+
+    Raises:
+        ValueError: ``path`` is not a directory, or a ``preprocessor`` is given (not supported).
+    """
+    if preprocessor is not None:
+        raise ValueError(f"{cls.__name__}.from_model(preprocessor=...) is not supported by raytrain_nb: "
+                         "save the preprocessor in the checkpoint directory yourself")
+    directory = Path(path or tempfile.mkdtemp())
+    if not directory.is_dir():
+        raise ValueError(f"{cls.__name__}.from_model(path={str(path)!r}): not a directory; pass an empty one")
+    booster.save_model(directory.joinpath(cls.MODEL_FILENAME).as_posix())
+    return cls.from_directory(directory.as_posix())

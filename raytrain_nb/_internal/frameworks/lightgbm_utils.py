@@ -1,13 +1,12 @@
 """LightGBM's ``RayTrainReportCallback``, ``LightGBMCheckpoint`` and ``normalize_pandas_for_lightgbm`` (Ray's names)."""
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, Optional
 
 from ..checkpoint.checkpoint import Checkpoint
 from ..extras import require
-from .boosting_report import Metrics, PostProcess, ReportOptions, flatten, report, saved
+from .boosting_report import Metrics, PostProcess, ReportOptions, booster_checkpoint, flatten, report, saved
 
 lightgbm = require("lightgbm")
 
@@ -96,14 +95,7 @@ class LightGBMCheckpoint(Checkpoint):
         Raises:
             ValueError: ``path`` is not a directory, or a ``preprocessor`` is given (not supported).
         """
-        if preprocessor is not None:
-            raise ValueError("LightGBMCheckpoint.from_model(preprocessor=...) is not supported by raytrain_nb: "
-                             "save the preprocessor in the checkpoint directory yourself")
-        directory = Path(path or tempfile.mkdtemp())
-        if not directory.is_dir():
-            raise ValueError(f"LightGBMCheckpoint.from_model(path={str(path)!r}): not a directory; pass an empty one")
-        booster.save_model(directory.joinpath(cls.MODEL_FILENAME).as_posix())
-        return cls.from_directory(directory.as_posix())
+        return booster_checkpoint(cls, booster, preprocessor, path)
 
     def get_model(self) -> Any:
         """The ``lightgbm.Booster`` stored in this checkpoint."""
