@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import re
 import runpy
+import time
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from raytrain_nb._internal.worker.framework import STOP_AFTER_PEER_FAILURE_S
 
 from ..groups import quiet
 from .test_examples import port
@@ -105,15 +108,65 @@ def test_fit_in_cells_trains_one_model_over_every_ranks_data_and_reports_checkpo
         assert (a == b).all()
 
 
-def test_restart_and_rescale_are_refused_in_one_line_naming_the_way_out(tf_group):
-    from raytrain_nb import GroupError
+def _state(group):
+    """Each rank's weights and optimizer step count."""
+    quiet(group, "now = (model.get_weights(), int(model.optimizer.iterations.numpy()))")
+    return group.pull("now", rank=None)
 
-    for act in (tf_group.restart, lambda: tf_group.rescale(1)):
-        with pytest.raises(GroupError, match=r"^a backend='tensorflow' group cannot (restart|rescale) in place "
-                                             r"\(TensorFlow cannot form its collective again in a live process\): "
-                                             r"%dist_shutdown"):
-            act()
-    assert _value(quiet(tf_group, "rank"), 1) == "1"  # the group is untouched
+
+def _same(a, b) -> bool:
+    return len(a[0]) == len(b[0]) and all((x == y).all() for x, y in zip(a[0], b[0])) and a[1] == b[1]
+
+
+def test_keras_models_snapshot_and_roll_back_into_the_same_object(tf_group):
+    quiet(tf_group, "model.fit(data, epochs=1, verbose=0)\nsame = model")
+    saved = _state(tf_group)
+    assert _same(saved[0], saved[1]) and saved[0][1] > 0
+    tf_group.checkpoint("keras_one_epoch")
+    quiet(tf_group, "model.fit(data, epochs=2, verbose=0)")
+    assert not _same(_state(tf_group)[0], saved[0])
+    assert "model" in tf_group.rollback("keras_one_epoch").restored
+    back = _state(tf_group)
+    assert _same(back[0], saved[0]) and _same(back[1], saved[1])  # the weights and the optimizer's step count
+    assert _value(quiet(tf_group, "same is model"), 0) == "True"
+
+
+def test_a_rank_that_raises_in_the_collective_is_stopped_and_restart_and_rescale_start_fresh_processes(tf_group):
+    from raytrain_nb import WorkerError
+
+    quiet(tf_group, "pid, tf_config, held = os.getpid(), os.environ['TF_CONFIG'], model.get_weights()")
+    pids, configs = tf_group.pull("pid", rank=None), tf_group.pull("tf_config", rank=None)
+    started = time.monotonic()
+    with pytest.raises(WorkerError) as info:  # rank 0 waits in fit's first all-reduce for a peer that left
+        quiet(tf_group, "if rank == 1:\n    raise ValueError('rank 1 fails before training')\n"
+                        "model.fit(data, epochs=1, verbose=0)")
+    assert time.monotonic() - started < STOP_AFTER_PEER_FAILURE_S + 30
+    assert "rank 1 fails before training" in str(info.value) and info.value.ranks == [0, 1]
+    assert f"stopped by raytrain_nb: still running {STOP_AFTER_PEER_FAILURE_S:g} s after rank(s) 1 failed, " \
+           "inside the tensorflow collective" in str(info.value)
+    held = tf_group.pull("held", rank=1)  # rank 1 raised before training: its model is as it was
+    assert tf_group.restart() == [0]
+    # every rank in a fresh process, with a new cluster; the setup cell replayed, the state of rank 1 loaded
+    assert all(a != b for a, b in zip(pids, _pids(tf_group)))
+    quiet(tf_group, "tf_config = os.environ['TF_CONFIG']")
+    assert tf_group.pull("tf_config", rank=0) != configs[0]
+    for weights in (s[0] for s in _state(tf_group)):
+        assert all((a == b).all() for a, b in zip(weights, held))
+    quiet(tf_group, "model.fit(data, epochs=1, verbose=0)")  # the replayed strategy spans both new processes
+    after = _state(tf_group)
+    assert _same(after[0], after[1]) and not all((a == b).all() for a, b in zip(after[0][0], held))
+    tf_group.rescale(1)
+    assert _value(quiet(tf_group, "strategy.num_replicas_in_sync"), 0) == "1"
+    assert _same(_state(tf_group)[0], after[0])
+    tf_group.rescale(2)
+    quiet(tf_group, "model.fit(data, epochs=1, verbose=0)")
+    again = _state(tf_group)
+    assert _same(again[0], again[1]) and _value(quiet(tf_group, "strategy.num_replicas_in_sync"), 1) == "2"
+
+
+def _pids(group):
+    quiet(group, "pid = os.getpid()")
+    return group.pull("pid", rank=None)
 
 
 def test_a_missing_tensorflow_is_named_with_its_pip_install():

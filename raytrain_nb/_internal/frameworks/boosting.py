@@ -20,7 +20,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from ..extras import require
 from ..waits import get_within, join_within
-from ..worker.framework import FrameworkBackend
+from ..worker.framework import STOP_AFTER_PEER_FAILURE_S, FrameworkBackend
 
 logger = logging.getLogger(__name__)
 
@@ -31,9 +31,6 @@ TRACKER_JOIN_S = 5.0
 #: Seconds every rank has to answer with a free port for LightGBM.
 PORTS_S = 30.0
 LOOPBACK = "127.0.0.1"
-#: Seconds a rank may keep running after a peer failed: then it is left in the library's collective (LightGBM
-#: spins on a socket its peer closed cleanly), and the driver stops it; ``%dist_restart`` replaces it.
-STOP_AFTER_PEER_FAILURE_S = 15.0
 
 _network_params: Optional[Dict[str, Any]] = None
 _network_lock = threading.Lock()

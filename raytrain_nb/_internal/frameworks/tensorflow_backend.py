@@ -19,7 +19,9 @@ import os
 from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 from ..waits import get_within
-from ..worker.framework import FrameworkBackend
+from ..worker.keras_models import is_keras_model
+from ..worker.walk import walk
+from ..worker.framework import STOP_AFTER_PEER_FAILURE_S, FrameworkBackend
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +43,7 @@ class TensorflowBackend(FrameworkBackend):
     name = "tensorflow"
     extra = "tensorflow"
     fresh_processes = "TensorFlow cannot form its collective again in a live process"
+    stop_after_peer_failure_s = STOP_AFTER_PEER_FAILURE_S  # an all-reduce a peer left waits for it for ever
 
     def __init__(self) -> None:
         self._clusters: "collections.OrderedDict[Tuple[str, ...], List[Dict[str, Any]]]" = collections.OrderedDict()
@@ -68,6 +71,17 @@ class TensorflowBackend(FrameworkBackend):
     def worker_cell(self, spec: Any) -> Iterator[None]:
         set_tf_config(spec)
         yield
+
+    def training_steps(self, namespace: Dict[str, Any]) -> int:
+        """The step counters of the Keras models' optimizers bound to names (``model.fit`` advances them)."""
+        total = 0
+        for _, obj in walk(namespace, is_keras_model):
+            if is_keras_model(obj):
+                try:
+                    total += int(obj.optimizer.iterations.numpy())
+                except Exception:  # noqa: BLE001 - not compiled, or no optimizer: it has not trained
+                    continue
+        return total
 
 
 def set_tf_config(spec: Dict[str, Any]) -> None:

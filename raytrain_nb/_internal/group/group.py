@@ -12,7 +12,7 @@ import logging
 import secrets
 import threading
 import time
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 from .. import cluster, frontend
 from ..checkpoint.run_storage import RunStorage
@@ -101,6 +101,9 @@ class WorkerGroup(FormationMixin, ExecutionMixin, LivenessMixin):
         self._max_report_index = -1
         self.background: Optional[Any] = None  # the latest BackgroundRun
         self.replay_failures: List[str] = []  # setup cells that failed when a new rank replayed them
+        # (rank, state) handed over by a live rank before fresh processes replace every rank (TensorFlow), kept
+        # until they have it: a renewal that failed leaves it for the next restart
+        self.carried: Optional[Tuple[int, bytes]] = None
         self.rank_specific: set = {"rank", "local_rank", "world_rank", "ctx"}  # plain names that differ by rank
         self._cell_seq = 0
         self.latest_metrics: Dict[int, Dict[str, Any]] = {}
@@ -295,6 +298,11 @@ class WorkerGroup(FormationMixin, ExecutionMixin, LivenessMixin):
         With ``from_checkpoint`` (a snapshot name, or ``"latest"``) every rank then loads
         that snapshot instead; then no live worker is needed (every rank may have died).
 
+        On a backend that cannot form its collective again in a live process (``tensorflow``) every
+        rank gets a fresh process: the lowest live rank hands over its tracked state (models,
+        optimizers, Keras models, boosters), every new rank replays the setup cells inside the
+        backend, and the state is loaded into the objects the cells made again.
+
         Returns:
             The ranks replaced.
 
@@ -312,7 +320,8 @@ class WorkerGroup(FormationMixin, ExecutionMixin, LivenessMixin):
 
         Dead workers are dropped first; new ranks replay the setup cells and get
         a live peer's state; the process group is re-formed at the new size,
-        DDP models re-wrapped and ``prepare_data_loader`` samplers re-sharded.
+        DDP models re-wrapped and ``prepare_data_loader`` samplers re-sharded. On a backend that
+        needs fresh processes (``tensorflow``) every rank is new, as in :meth:`restart`.
 
         Raises:
             GroupError / ResourceError: a bad size, or not enough resources (names the numbers).

@@ -74,8 +74,13 @@ def _prepare_new(group: "WorkerGroup", ranks: Sequence[int]) -> Dict[int, List[s
     cells = [(c.cell_id, c.source, c.setup) for c in group.history]
     if not cells:
         return {}
-    failed = group._get([slots[r].actor.replay.remote(cells) for r in ranks], group.start_timeout_s,
-                        "replay the cells of")
+    if _fresh(group):  # every rank replays together, inside the backend (TensorFlow's strategy spans them)
+        with group._framework_cell(list(ranks)) as specs:
+            failed = group._get([slots[r].actor.replay.remote(cells, spec) for r, spec in zip(ranks, specs)],
+                                group.start_timeout_s, "replay the cells of")
+    else:
+        failed = group._get([slots[r].actor.replay.remote(cells) for r in ranks], group.start_timeout_s,
+                            "replay the cells of")
     return dict(zip(ranks, failed))
 
 
@@ -153,37 +158,81 @@ def replace_ranks(group: "WorkerGroup", ranks: List[int], from_checkpoint: bool 
                 "from their replayed cells, then the checkpoint")
 
 
-def _check_in_place(group: "WorkerGroup", what: str) -> None:
-    """Refuse ``what`` on a group whose library cannot form its collective again in a live process."""
+def _fresh(group: "WorkerGroup") -> bool:
+    """Whether the group's library cannot form its collective again in a live process (TensorFlow): then a
+    restart or rescale starts fresh processes for every rank."""
     backend = frameworks.find(group.config.framework)
-    if backend is not None and backend.fresh_processes:
-        raise GroupError(f"a backend={backend.name!r} group cannot {what} in place ({backend.fresh_processes}): "
-                         "%dist_shutdown (group.shutdown()), then run the setup cells again in a new group (a "
-                         "trainer on it starts fresh processes for every rank by itself)")
+    return backend is not None and bool(backend.fresh_processes)
 
 
 def restart(group: "WorkerGroup", from_checkpoint: bool = False) -> List[int]:
     group._check_not_running()
-    _check_in_place(group, "restart")
     group.status()  # ping every worker: a death Ray knows of but the monitor has not seen yet counts
     dead = group.slots.gone_ranks()
     if not dead:
         raise GroupError("no dead worker to restart: every rank is alive (%dist_status shows them)")
-    replace_ranks(group, dead, from_checkpoint)
+    if _fresh(group):
+        _resize(group, group.num_workers, from_checkpoint)
+    else:
+        replace_ranks(group, dead, from_checkpoint)
     return dead
+
+
+def _carry(group: "WorkerGroup", live: Sequence[int], from_checkpoint: bool) -> Optional[Any]:
+    """Before every rank gets a fresh process: the tracked state of the lowest live rank, kept on the group
+    until the new processes have it (a renewal that failed keeps it for the next restart). None when a
+    checkpoint is loaded next."""
+    if from_checkpoint:
+        group.carried = None
+        return None
+    if live:
+        data = group._get([group.slots[live[0]].actor.carry_state.remote()], group.start_timeout_s,
+                          f"rank {live[0]} to hand over its state before fresh processes replace")[0]
+        group.carried = (live[0], data)
+    if group.carried is None:
+        raise GroupError("no live worker is left to copy the state from: restart from a checkpoint "
+                         "(%dist_restart --from-checkpoint NAME, group.restart(from_checkpoint=...)), or start a "
+                         "new group and roll back to one")
+    return group.carried
+
+
+def _load_carried(group: "WorkerGroup", carried: Any) -> None:
+    """Load the carried state into every (fresh) rank; names no replayed cell made are said, not loaded."""
+    import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
+
+    src, data = carried
+    ref = ray.put(data)
+    results = group._get([s.actor.load_carried.remote(ref) for s in group.slots], group.start_timeout_s,
+                         "load the state carried from the old processes into")
+    missing = results[0]["missing"]
+    if missing:
+        line = (f"{', '.join(missing)}: made in cells that are not replayed, so the fresh processes lack them and "
+                f"rank {src}'s state for them is gone; mark their cell --setup, or run it again")
+        logger.warning("%s", line)
+        group.replay_failures.append(line)
+    group.carried = None
 
 
 def rescale(group: "WorkerGroup", num_workers: int) -> None:
     group._check_not_running()
-    _check_in_place(group, "rescale")
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
         raise GroupError(f"rescale to {num_workers!r} workers is not possible: give a whole number of at least 1")
     group.status()  # ping every worker: a death Ray knows of but the monitor has not seen yet counts
-    slots = group.slots
-    alive = [slots[r] for r in slots.live_ranks()]
-    if not alive:
+    if not group.slots.live_ranks() and not (_fresh(group) and group.carried is not None):
         raise GroupError("every worker is dead: nothing to keep; shut the group down and start a new one")
-    keep, drop = alive[:num_workers], alive[num_workers:] + [slots[r] for r in slots.gone_ranks()]
+    _resize(group, num_workers)
+
+
+def _resize(group: "WorkerGroup", num_workers: int, from_checkpoint: bool = False) -> None:
+    """Rescale to ``num_workers``: the live workers stay (the lowest ranks first) and new ones join them; on a
+    backend that needs fresh processes every rank is new, its state carried over from the lowest live rank
+    and loaded after the setup cells replayed (``from_checkpoint``: nothing carried, a checkpoint follows)."""
+    slots = group.slots
+    fresh = _fresh(group)
+    alive = [slots[r] for r in slots.live_ranks()]
+    carried = _carry(group, slots.live_ranks(), from_checkpoint) if fresh else None
+    keep = [] if fresh else alive[:num_workers]
+    drop = [s for s in alive if s not in keep] + [slots[r] for r in slots.gone_ranks()]
     need = num_workers - len(keep)
     shared = share_cpus(dataclasses.replace(group.config, num_workers=num_workers, cpus_per_worker=group.cpus_asked),
                         num_workers)  # new workers take the share of the new size
@@ -222,16 +271,22 @@ def rescale(group: "WorkerGroup", num_workers: int) -> None:
         if new:
             group._describe(new)
             failed = _prepare_new(group, new_ranks)
-        _join_new(group, 0, new_ranks, failed)
+        _join_new(group, None if fresh else 0, new_ranks, failed)
         group.config = dataclasses.replace(group.config, num_workers=num_workers)
+        if carried is not None:
+            _load_carried(group, carried)
     except RecoveryError:
+        if fresh:
+            group.transition(GroupState.FAILED)
+            raise
         _back_to(group, keep, new)
         raise
     except BaseException:
         group.transition(GroupState.FAILED)
         raise
     group.transition(GroupState.IDLE)
-    logger.info("rescaled to %d workers", num_workers)
+    logger.info("%s %d workers%s", "renewed" if fresh else "rescaled to", num_workers,
+                " (fresh processes for every rank)" if fresh else "")
 
 
 def _back_to(group: "WorkerGroup", keep: List[Slot], new: List[Slot]) -> None:

@@ -194,6 +194,7 @@ class Worker(FormingWorker, CheckpointingWorker):
         self._begin(filename)
         result = CellOutcome(rank=self.rank)
         started = time.perf_counter()
+        steps = framework[0].training_steps(self.namespace) if framework is not None else 0
         try:
             try:
                 if cellmod.needs_ipython(source) or "display" in source or "IPython" in source:
@@ -213,6 +214,8 @@ class Worker(FormingWorker, CheckpointingWorker):
                 result.failure = self._failure(exc)
         finally:
             result.duration = time.perf_counter() - started
+            if framework is not None:  # the library's models trained: not a setup cell (not replayed)
+                self.pg.forwards += max(0, framework[0].training_steps(self.namespace) - steps)
             self._end(result)
         return result
 

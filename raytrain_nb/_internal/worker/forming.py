@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..backend import deferred_ddp, free_port
 from . import cell as cellmod
+from . import snapshot
 from .library_state import library_env, reset_library_state
 from .replicate import sync_replicated
 from .session import TrainContext, WorkerSession, dataset_shards, set_session
@@ -99,16 +100,38 @@ class FormingWorker:
         self.pg.track(wrapper)
         return wrapper
 
-    def replay(self, cells: Sequence[Tuple[int, str, bool]]) -> List[str]:
+    def replay(self, cells: Sequence[Tuple[int, str, bool]], framework: Optional[Any] = None) -> List[str]:
         """Rebuild a new worker's namespace (collectives deferred): setup cells (``full``) run again; of the
-        other cells only the imports, functions and classes. Returns the failures, one line each."""
+        other cells only the imports, functions and classes. Returns the failures, one line each.
+
+        ``framework``: ``(backend, spec)`` the cells run inside, when every rank replays together in fresh
+        processes (TensorFlow's strategy, made in a setup cell, then spans the new processes)."""
         failed = []
         for cell_id, source, full in cells:
             source = source if full else cellmod.definitions(source)
             if not source:
                 continue
-            failure = self._cells.call(self._run_cell, source, cell_id, False).failure
+            failure = self._cells.call(self._run_cell, source, cell_id, False, 0, False, framework).failure
             if failure is not None:
                 failed.append(f"cell {cell_id}: {failure.type_name}: {failure.message}")
         return failed
+
+    def carry_state(self) -> bytes:
+        """The tracked objects' state (models, optimizers, boosters, Keras models), to load into fresh processes
+        that replace every rank (:meth:`load_carried`)."""
+        return self._cells.call(lambda: snapshot.dumps(snapshot.capture(self.namespace, copy=False)[0]))
+
+    def load_carried(self, data: bytes) -> Dict[str, List[str]]:
+        """Load :meth:`carry_state`'s bytes into this fresh rank's replayed objects of the same names.
+
+        Returns ``{"restored": names, "missing": names no replayed cell made}``."""
+        return self._cells.call(self._load_carried, data)
+
+    def _load_carried(self, data: bytes) -> Dict[str, List[str]]:
+        state = snapshot.loads(data, "the state carried from a live rank", may_pickle=False)
+        tracked = set(snapshot.find_tracked(self.namespace, strict=False).names())
+        missing = sorted(n for kind in snapshot.KINDS for n in state.get(kind, {}) if n not in tracked)
+        present = {kind: {n: v for n, v in state.get(kind, {}).items() if n in tracked} for kind in snapshot.KINDS}
+        restored = snapshot.restore(self.namespace, present, None, {}, action="load the carried state into")
+        return {"restored": restored, "missing": missing}
 

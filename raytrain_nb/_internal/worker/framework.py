@@ -14,6 +14,12 @@ import contextlib
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 
+#: Seconds a rank may keep running after a peer failed: then it is left in the library's collective (LightGBM
+#: spins on a socket its peer closed cleanly, TensorFlow waits in an all-reduce its peer left), and the driver
+#: stops it; ``%dist_restart`` replaces it.
+STOP_AFTER_PEER_FAILURE_S = 15.0
+
+
 class FrameworkBackend:
     """What a library needs set up around each cell. Subclasses override the two context managers.
 
@@ -43,6 +49,11 @@ class FrameworkBackend:
     def worker_cell(self, spec: Any) -> Iterator[None]:
         """On a worker's cell thread, around the user's code of one cell (its failures are the cell's)."""
         yield
+
+    def training_steps(self, namespace: Dict[str, Any]) -> int:
+        """On a worker: a count that grows as the library's models in ``namespace`` train (Keras: the optimizers'
+        step counters). A cell during which it grew trained, so it is not a setup cell and is not replayed."""
+        return 0
 
     def release(self, spec: Any) -> bool:
         """On a worker's control thread while its cell runs: make the cell thread, blocked in the library's

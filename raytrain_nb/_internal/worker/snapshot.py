@@ -2,7 +2,8 @@
 
 Tracked = every ``torch.nn.Module`` (a DDP wrapper counts as its module),
 optimizer, LR scheduler and ``GradScaler`` bound to a name in the namespace,
-plus the torch/numpy/python RNG states (as tensors, so they load with
+XGBoost and LightGBM boosters (:mod:`.boosters`), Keras models with their
+optimizers (:mod:`.keras_models`), plus the torch/numpy/python RNG states (as tensors, so they load with
 ``weights_only=True``), plus the plain variables the user names (kept apart:
 only they may need unpickling). Rollback loads the values into the same
 objects, so references the user holds stay valid.
@@ -18,6 +19,7 @@ import random
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import SnapshotError
+from . import keras_models
 from .boosters import is_booster, load_into, model_bytes
 from .walk import walk
 
@@ -34,9 +36,11 @@ class Tracked:
     scalers: Dict[str, Any]
     wrappers: Dict[str, Any] = dataclasses.field(default_factory=dict)  # DDP wrappers, by path
     boosters: Dict[str, Any] = dataclasses.field(default_factory=dict)  # XGBoost / LightGBM boosters
+    keras: Dict[str, Any] = dataclasses.field(default_factory=dict)  # Keras models (with their optimizers)
 
     def names(self) -> List[str]:
-        return sorted([*self.modules, *self.optimizers, *self.schedulers, *self.scalers, *self.boosters])
+        return sorted([*self.modules, *self.optimizers, *self.schedulers, *self.scalers, *self.boosters,
+                       *self.keras])
 
 
 def unwrap(module: Any) -> Any:
@@ -50,7 +54,8 @@ def is_tracked_type(obj: Any) -> bool:
     import torch  # torch: loaded on first use, not on import raytrain_nb
 
     return isinstance(obj, (torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)) or (
-        type(obj).__name__ == "GradScaler" and hasattr(obj, "state_dict")) or is_booster(obj)
+        type(obj).__name__ == "GradScaler" and hasattr(obj, "state_dict")) or is_booster(obj) or (
+        keras_models.is_keras_model(obj))
 
 
 def find_tracked(namespace: Dict[str, Any], strict: bool = True) -> Tracked:
@@ -84,6 +89,8 @@ def find_tracked(namespace: Dict[str, Any], strict: bool = True) -> Tracked:
             tracked.scalers[path] = obj
         elif is_booster(obj):
             tracked.boosters[path] = obj
+        elif keras_models.is_keras_model(obj):
+            tracked.keras[path] = obj
     params = {id(p) for m in tracked.modules.values() for p in m.parameters()}
     for path, opt in list(tracked.optimizers.items()):
         if not any(id(p) in params for g in opt.param_groups for p in g["params"]):
@@ -172,8 +179,13 @@ def capture(namespace: Dict[str, Any], var_names: Sequence[str] = (),
         "schedulers": {n: cpu_state(s.state_dict(), copy) for n, s in tracked.schedulers.items()},
         "scalers": {n: cpu_state(s.state_dict(), copy) for n, s in tracked.scalers.items()},
         "boosters": {n: model_bytes(b) for n, b in tracked.boosters.items()},
+        "keras": {n: keras_models.model_state(m) for n, m in tracked.keras.items()},
     }
     return replicated, {"rng": rng_state()}, {n: cpu_state(namespace[n], copy) for n in var_names}
+
+
+#: The kinds of tracked objects, as keys of a saved state's replicated part.
+KINDS = ("modules", "optimizers", "schedulers", "scalers", "boosters", "keras")
 
 
 def fingerprint(namespace: Dict[str, Any]) -> Dict[str, str]:
@@ -197,7 +209,7 @@ def changed_since(namespace: Dict[str, Any], before: Dict[str, str], restored: S
 
 def kind_of(obj: Any) -> Optional[str]:
     """The key of ``obj``'s kind in a saved state: ``modules``, ``optimizers``, ``schedulers``,
-    ``scalers``; None for anything else."""
+    ``scalers``, ``boosters``, ``keras``; None for anything else."""
     import torch  # torch: loaded on first use, not on import raytrain_nb
 
     if isinstance(obj, torch.nn.Module):
@@ -210,6 +222,8 @@ def kind_of(obj: Any) -> Optional[str]:
         return "scalers"
     if is_booster(obj):
         return "boosters"
+    if keras_models.is_keras_model(obj):
+        return "keras"
     return None
 
 
@@ -225,6 +239,8 @@ def structure_problem(kind: str, obj: Any, state: Dict[str, Any]) -> Optional[st
                 return f"{key!r} has shape {tuple(value.shape)} saved but {tuple(live[key].shape)} here"
         missing = sorted(set(live) - set(state))
         return f"{', '.join(repr(k) for k in missing[:3])} not saved" if missing else None
+    if kind == "keras":
+        return keras_models.structure_problem(obj, state)
     if kind == "optimizers":
         saved = [len(g.get("params", ())) for g in state.get("param_groups", ())]
         here = [len(g["params"]) for g in obj.param_groups]
@@ -249,7 +265,8 @@ def restore(namespace: Dict[str, Any], replicated: Dict[str, Any], own: Optional
 
     tracked = find_tracked(namespace)
     kinds = (("modules", tracked.modules), ("optimizers", tracked.optimizers),
-             ("schedulers", tracked.schedulers), ("scalers", tracked.scalers), ("boosters", tracked.boosters))
+             ("schedulers", tracked.schedulers), ("scalers", tracked.scalers), ("boosters", tracked.boosters),
+             ("keras", tracked.keras))
     lost = [f"{name} ({kind[:-1]})" for kind, live in kinds for name in replicated.get(kind, {}) if name not in live]
     if lost:
         how = ("no longer exist in the workers' namespace; re-create them (re-run their cell)" if action == "roll back"
@@ -267,6 +284,8 @@ def restore(namespace: Dict[str, Any], replicated: Dict[str, Any], own: Optional
             for name, state in replicated.get(kind, {}).items():
                 if kind == "boosters":
                     load_into(live[name], state)
+                elif kind == "keras":
+                    keras_models.load_model_state(live[name], state)
                 else:
                     live[name].load_state_dict(state)
                 restored.append(name)

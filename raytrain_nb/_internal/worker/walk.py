@@ -26,7 +26,8 @@ PROPERTIES: Dict[str, Tuple[str, ...]] = {
 _LEAF_TYPES = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
                int, float, str, bytes, bool, type(None), complex, range, memoryview)
 _LEAF_MODULES = ("torch", "numpy", "pandas", "pyarrow", "ray", "builtins", "threading", "_thread", "io",
-                 "socket", "multiprocessing", "concurrent", "asyncio", "IPython", "ipywidgets", "logging")
+                 "socket", "multiprocessing", "concurrent", "asyncio", "IPython", "ipywidgets", "logging",
+                 "tensorflow", "tf_keras", "keras")
 
 
 def _is_leaf(obj: Any) -> bool:
