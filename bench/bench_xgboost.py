@@ -22,6 +22,10 @@ from typing import Any, Callable, Dict, List, Sequence
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("RAYTRAIN_NB_NUM_CPUS", "6")  # the workers, Ray Train's controller, headroom
+# Ray Train's workers load Keras before the training function runs: the legacy Keras 2 (Keras 3 fails under the
+# strategy) must be chosen before Ray starts, so that its workers inherit it; raytrain_nb's backend sets it itself.
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_DIR = os.path.dirname(BENCH_DIR)
 for _p in (REPO_DIR, BENCH_DIR):
@@ -88,7 +92,6 @@ def lgb_loop(config: Dict[str, Any]) -> None:
 def tf_loop(config: Dict[str, Any]) -> None:
     import importlib
 
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # Ray Train's workers too: Keras 3 fails under the strategy
     import tensorflow as tf
 
     train = importlib.import_module(config["api"])

@@ -9,6 +9,7 @@ other machines, without secrets, and only when small (``shipping.py``).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -18,7 +19,7 @@ import stat
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, Iterator, List, Optional, Set
 
 from . import shipping
 from .processes import children, end_children
@@ -126,6 +127,32 @@ def local_init_kwargs() -> Dict[str, Any]:
     return kwargs
 
 
+@contextlib.contextmanager
+def _lean_head() -> Iterator[None]:
+    """While ``ray.init`` starts the embedded instance: no autoscaler monitor and no log monitor.
+
+    One machine has nothing to autoscale, and with ``log_to_driver=False`` nothing reads what the log
+    monitor publishes (cells get their output from the workers themselves). The two are Python processes of
+    about 100 MB each and a second or two of CPU at every start: on a 1-CPU, 2 GB Binder pod that counts.
+    ``ray start`` has both switches (``--no-monitor``, ``--include-log-monitor``); ``ray.init`` does not pass
+    them on, so they are set on the parameters it makes, for this call only.
+    """
+    from ray._private import parameter  # ray: loaded when a group or trainer runs, not on import raytrain_nb
+
+    original = parameter.RayParams.__init__
+
+    def init(params: Any, *args: Any, **kwargs: Any) -> None:
+        original(params, *args, **kwargs)
+        params.no_monitor = True
+        params.include_log_monitor = False
+
+    parameter.RayParams.__init__ = init
+    try:
+        yield
+    finally:
+        parameter.RayParams.__init__ = original
+
+
 def _quiet_raylet_messages() -> None:
     """Send Ray's "(raylet) A worker died ..." notices to our log instead of the notebook.
 
@@ -188,7 +215,8 @@ def connect(address: Optional[str] = None) -> None:
                     # Ray starts workers at niceness 15; training ranks should not yield to everything else.
                     os.environ.setdefault("RAY_worker_niceness", "0")
                     # "local": a new instance even if `ray start` left one running on this machine
-                    ray.init(address="local", **local_init_kwargs())
+                    with _lean_head():
+                        ray.init(address="local", **local_init_kwargs())
                     _check_token_auth()
                     _started_by_us, _shipped_working_dir = True, False
                 last = None

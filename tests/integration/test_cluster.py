@@ -72,3 +72,15 @@ def test_an_existing_cluster_is_used_through_ray_address(ray_session):
     res = _run(ADDRESS_SCRIPT, env={"RAY_ADDRESS": address})
     # a cluster on this machine: workers use the notebook's folder in place, nothing is copied
     assert res == {"value": "42", "started_by_us": False, "shipped": False, "address": address}
+
+
+def test_the_embedded_instance_runs_without_ray_s_autoscaler_and_log_monitor(ray_session):
+    from ray._private import parameter
+
+    from raytrain_nb._internal import cluster, processes
+
+    assert cluster.started_by_us()  # the session's instance is the embedded one
+    ray_children = {pid: processes._command_line(str(pid)) for pid in processes.children(cluster.RAY_PROCESSES)}
+    assert any("gcs_server" in cmd for cmd in ray_children.values()), ray_children  # Ray's own processes, seen
+    assert not [cmd for cmd in ray_children.values() if "log_monitor.py" in cmd or "autoscaler" in cmd]
+    assert parameter.RayParams.__init__.__qualname__ == "RayParams.__init__"  # only ray.init's call was changed
