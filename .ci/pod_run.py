@@ -31,11 +31,9 @@ SMALL_SHM = (["unshare", "--mount", "--propagation", "private", "sh", "-c",
              if os.geteuid() == 0 and shutil.which("unshare") else [])
 #: What must never reach a newcomer's notebook on Binder (Ray's warning when its store outgrows /dev/shm).
 UNWANTED = ("/dev/shm",)
-#: Notebooks known to go over, each with why: reported as OVER, not failed (the issue that tracks it stays open).
-KNOWN_OVER = {
-    "05_ray_data.ipynb": "1.78-1.86 GB measured: Ray Data's split coordinator and helper actors (~570 MB) beside "
-                         "two torch workers and Ray's own daemons (~390 MB, which ray.init cannot leave out)",
-}
+#: Notebooks known to go over, each with why: reported as OVER, not failed (the issue that tracks it stays open);
+#: none now.
+KNOWN_OVER: dict = {}
 NOTEBOOK_DEADLINE_S = 600  # a notebook's own promise is 3 minutes on one CPU; this only ends a hung one
 
 
