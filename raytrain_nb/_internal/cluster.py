@@ -9,7 +9,6 @@ other machines, without secrets, and only when small (``shipping.py``).
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import secrets
@@ -19,9 +18,10 @@ import stat
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Set
+from typing import Any, Dict, List, Optional, Set
 
 from . import shipping
+from .lean_head import lean_head
 from .processes import children, end_children
 from .errors import GroupError
 
@@ -127,32 +127,6 @@ def local_init_kwargs() -> Dict[str, Any]:
     return kwargs
 
 
-@contextlib.contextmanager
-def _lean_head() -> Iterator[None]:
-    """While ``ray.init`` starts the embedded instance: no autoscaler monitor and no log monitor.
-
-    One machine has nothing to autoscale, and with ``log_to_driver=False`` nothing reads what the log
-    monitor publishes (cells get their output from the workers themselves). The two are Python processes of
-    about 100 MB each and a second or two of CPU at every start: on a 1-CPU, 2 GB Binder pod that counts.
-    ``ray start`` has both switches (``--no-monitor``, ``--include-log-monitor``); ``ray.init`` does not pass
-    them on, so they are set on the parameters it makes, for this call only.
-    """
-    from ray._private import parameter  # ray: loaded when a group or trainer runs, not on import raytrain_nb
-
-    original = parameter.RayParams.__init__
-
-    def init(params: Any, *args: Any, **kwargs: Any) -> None:
-        original(params, *args, **kwargs)
-        params.no_monitor = True
-        params.include_log_monitor = False
-
-    parameter.RayParams.__init__ = init
-    try:
-        yield
-    finally:
-        parameter.RayParams.__init__ = original
-
-
 def _quiet_raylet_messages() -> None:
     """Send Ray's "(raylet) A worker died ..." notices to our log instead of the notebook.
 
@@ -215,7 +189,7 @@ def connect(address: Optional[str] = None) -> None:
                     # Ray starts workers at niceness 15; training ranks should not yield to everything else.
                     os.environ.setdefault("RAY_worker_niceness", "0")
                     # "local": a new instance even if `ray start` left one running on this machine
-                    with _lean_head():
+                    with lean_head():
                         ray.init(address="local", **local_init_kwargs())
                     _check_token_auth()
                     _started_by_us, _shipped_working_dir = True, False
