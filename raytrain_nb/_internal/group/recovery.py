@@ -275,18 +275,29 @@ def _resize(group: "WorkerGroup", num_workers: int, from_checkpoint: bool = Fals
         group.config = dataclasses.replace(group.config, num_workers=num_workers)
         if carried is not None:
             _load_carried(group, carried)
-    except RecoveryError:
+    except BaseException as exc:
         if fresh:
+            _renewal_failed(group)
+        elif isinstance(exc, RecoveryError):
+            _back_to(group, keep, new)
+        else:
             group.transition(GroupState.FAILED)
-            raise
-        _back_to(group, keep, new)
-        raise
-    except BaseException:
-        group.transition(GroupState.FAILED)
         raise
     group.transition(GroupState.IDLE)
     logger.info("%s %d workers%s", "renewed" if fresh else "rescaled to", num_workers,
                 " (fresh processes for every rank)" if fresh else "")
+
+
+def _renewal_failed(group: "WorkerGroup") -> None:
+    """Fresh processes for every rank did not come up: every one goes (none has the state), and the state
+    handed over stays on the group for the next restart, which then needs no live rank."""
+    for slot in group.slots:
+        _kill(slot)
+        slot.mark(SlotState.DEAD, "fresh processes for every rank failed to start")
+    group.transition(GroupState.FAILED)
+    if group.carried is not None:
+        logger.warning("the state of rank %d is kept: %%dist_restart (group.restart()) again starts fresh processes "
+                       "and loads it", group.carried[0])
 
 
 def _back_to(group: "WorkerGroup", keep: List[Slot], new: List[Slot]) -> None:
