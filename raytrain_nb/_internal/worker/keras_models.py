@@ -7,6 +7,7 @@ snapshot of a Keras model loads with ``weights_only=True`` like every other trac
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Dict, List, Optional
 
 #: The modules whose ``Model`` class (and subclasses: ``Sequential``, functional models) is a Keras model.
@@ -71,18 +72,14 @@ def _build_optimizer(model: Any, count: int) -> List[Any]:
     if len(variables) == count or not hasattr(model.optimizer, "build"):
         return variables
     strategy = getattr(model, "distribute_strategy", None)
-    scope = strategy.scope() if strategy is not None else None
-    if scope is not None:
-        with scope:
-            model.optimizer.build(model.trainable_variables)
-    else:
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
         model.optimizer.build(model.trainable_variables)
     return _optimizer_variables(model) or []
 
 
 def load_model_state(model: Any, state: Dict[str, Any]) -> None:
     """Load ``state`` into ``model`` in place: its weights, then its optimizer's variables (made first when
-    the optimizer has not trained yet); an optimizer that cannot take them is left as it is and said so.
+    the optimizer has not trained yet).
 
     Raises:
         ValueError: the optimizer's variables differ in number from the saved ones.
