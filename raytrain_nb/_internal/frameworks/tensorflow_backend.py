@@ -19,9 +19,9 @@ import os
 from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 from ..waits import get_within
+from ..worker.framework import STOP_AFTER_PEER_FAILURE_S, FrameworkBackend
 from ..worker.keras_models import is_keras_model
 from ..worker.walk import walk
-from ..worker.framework import STOP_AFTER_PEER_FAILURE_S, FrameworkBackend
 
 logger = logging.getLogger(__name__)
 

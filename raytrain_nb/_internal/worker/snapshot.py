@@ -26,6 +26,10 @@ from .walk import walk
 _PLAIN = (int, float, str, bool, type(None), bytes)
 
 
+#: The kinds of tracked objects: the fields of :class:`Tracked` and the keys of a saved state's replicated part.
+KINDS = ("modules", "optimizers", "schedulers", "scalers", "boosters", "keras")
+
+
 @dataclasses.dataclass
 class Tracked:
     """Objects found in a namespace, by name."""
@@ -39,8 +43,7 @@ class Tracked:
     keras: Dict[str, Any] = dataclasses.field(default_factory=dict)  # Keras models (with their optimizers)
 
     def names(self) -> List[str]:
-        return sorted([*self.modules, *self.optimizers, *self.schedulers, *self.scalers, *self.boosters,
-                       *self.keras])
+        return sorted(name for kind in KINDS for name in getattr(self, kind))
 
 
 def unwrap(module: Any) -> Any:
@@ -184,10 +187,6 @@ def capture(namespace: Dict[str, Any], var_names: Sequence[str] = (),
     return replicated, {"rng": rng_state()}, {n: cpu_state(namespace[n], copy) for n in var_names}
 
 
-#: The kinds of tracked objects, as keys of a saved state's replicated part.
-KINDS = ("modules", "optimizers", "schedulers", "scalers", "boosters", "keras")
-
-
 def fingerprint(namespace: Dict[str, Any]) -> Dict[str, str]:
     """A short digest of each plain variable (numbers, strings...), to tell what changed later."""
     out: Dict[str, str] = {}
@@ -264,9 +263,7 @@ def restore(namespace: Dict[str, Any], replicated: Dict[str, Any], own: Optional
     import torch  # torch: loaded on first use, not on import raytrain_nb
 
     tracked = find_tracked(namespace)
-    kinds = (("modules", tracked.modules), ("optimizers", tracked.optimizers),
-             ("schedulers", tracked.schedulers), ("scalers", tracked.scalers), ("boosters", tracked.boosters),
-             ("keras", tracked.keras))
+    kinds = [(kind, getattr(tracked, kind)) for kind in KINDS]
     lost = [f"{name} ({kind[:-1]})" for kind, live in kinds for name in replicated.get(kind, {}) if name not in live]
     if lost:
         how = ("no longer exist in the workers' namespace; re-create them (re-run their cell)" if action == "roll back"
