@@ -62,7 +62,7 @@ def _memory_figures(quick: bool) -> List[Figure]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="", help="comma-separated section numbers (1-10)")
+    parser.add_argument("--only", default="", help="comma-separated section numbers (1-17)")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     args = parser.parse_args()
     only = {int(x) for x in args.only.split(",") if x.strip()} or set(range(1, 20))
@@ -141,7 +141,8 @@ def main() -> int:
                                    (13, "bench_tune_widget", {"quick": args.quick}),
                                    (14, "bench_transformers", {"quick": args.quick}),
                                    (15, "bench_lightning", {"quick": args.quick}),
-                                   (16, "bench_xgboost", {"quick": args.quick})):
+                                   (16, "bench_xgboost", {"quick": args.quick}),
+                                   (17, "bench_worker_start", {"quick": args.quick})):
         if number in only and os.path.exists(os.path.join(BENCH_DIR, module + ".py")):
             attempt(module, lambda m=module, kw=kwargs: __import__(m).run(**kw))
 

@@ -84,3 +84,29 @@ def test_the_embedded_instance_runs_without_ray_s_autoscaler_and_log_monitor(ray
     assert any("gcs_server" in cmd for cmd in ray_children.values()), ray_children  # Ray's own processes, seen
     assert not [cmd for cmd in ray_children.values() if "log_monitor.py" in cmd or "autoscaler" in cmd]
     assert parameter.RayParams.__init__.__qualname__ == "RayParams.__init__"  # only ray.init's call was changed
+
+
+
+def test_its_workers_start_as_ray_s_own_without_building_jsonschema_s_iri_grammar(ray_session):
+    """The raylet runs lean_worker.py: Ray's default_worker.py as __main__, no module of ours on sys.path,
+    jsonschema's IRI check still right (it loads the grammar when first used) and the real package there."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    def probe():
+        import os
+        import sys
+
+        import jsonschema
+
+        loaded_at_start = "rfc3987_syntax" in sys.modules
+        checks = jsonschema.FormatChecker()
+        iri = [checks.conforms("http://example.com/\u00fc", "iri"), checks.conforms("no iri", "iri")]
+        import rfc3987_syntax
+
+        return {"argv0": os.path.basename(sys.argv[0]), "shadowing": [p for p in sys.path if p.endswith("_internal")],
+                "loaded_at_start": loaded_at_start, "iri": iri, "real": hasattr(rfc3987_syntax, "syntax_helpers")}
+
+    seen = ray.get(probe.remote(), timeout=120)
+    assert seen == {"argv0": "default_worker.py", "shadowing": [], "loaded_at_start": False, "iri": [True, False],
+                    "real": True}, seen

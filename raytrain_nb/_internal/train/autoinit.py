@@ -13,12 +13,14 @@ import os
 import sys
 
 from .. import cluster
+from ..lean_worker import defer_iri_grammar
 
 logger = logging.getLogger(__name__)
 
 
 def install() -> None:
     """Replace ``ray._private.auto_init_hook.auto_init_ray`` once per process (no-op without Ray)."""
+    defer_iri_grammar()  # Ray's first import here: without a second spent on jsonschema's IRI grammar
     try:
         from ray._private import auto_init_hook  # ray: loaded when a group or trainer runs, not on import raytrain_nb
     except Exception:  # noqa: BLE001 - Ray missing or its internals moved: keep Ray's own behaviour
