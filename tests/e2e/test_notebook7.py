@@ -23,6 +23,8 @@ ARTIFACTS = ROOT / "artifacts" / "e2e"
 STEP_TIMEOUT_MS = 90_000
 CELL_TIMEOUT_MS = 300_000  # the first group cell starts Ray: minutes on a loaded 2-core machine
 QUICKSTART = "01_quickstart.ipynb"
+QUEUED_TIMEOUT_MS = 15_000  # Ctrl+Enter shows [*] at once, before the kernel answers
+QUEUE_ATTEMPTS = 3
 
 
 def _cells_before_shutdown() -> int:
@@ -31,6 +33,25 @@ def _cells_before_shutdown() -> int:
         if cell.cell_type == "code" and cell.source.lstrip().startswith("%dist_shutdown"):
             return index
     return len(nb.cells)
+
+
+def _run(page, cell, prompt) -> None:
+    """Put the cursor in ``cell`` and press Ctrl+Enter until its prompt says queued or run ([*] or [n]).
+
+    A key pressed while the page still settles can be lost (seen once in CI: the first cell's prompt stayed
+    "[ ]" for 90 s): that cell was never queued, so pressing again cannot run it twice.
+    """
+    from playwright.sync_api import expect
+
+    for attempt in range(1, QUEUE_ATTEMPTS + 1):
+        cell.locator(".cm-content").click()
+        page.keyboard.press("Control+Enter")
+        try:
+            expect(prompt).to_have_text(re.compile(r"\[[\d*]+\]"), timeout=QUEUED_TIMEOUT_MS)
+            return
+        except AssertionError:
+            if attempt == QUEUE_ATTEMPTS:
+                raise
 
 
 def test_quickstart_dashboard_in_notebook_7(tmp_path):
@@ -60,10 +81,8 @@ def test_quickstart_dashboard_in_notebook_7(tmp_path):
                     if "jp-CodeCell" not in (cell.get_attribute("class") or ""):
                         continue
                     prompt = cell.locator(".jp-InputPrompt")
-                    cell.locator(".cm-content").click()
-                    page.keyboard.press("Control+Enter")
+                    _run(page, cell, prompt)
                     # the cell ran when its prompt shows a number; a failing cell would show an error
-                    expect(prompt).to_have_text(re.compile(r"\[[\d*]+\]"), timeout=STEP_TIMEOUT_MS)  # queued
                     expect(prompt).to_have_text(re.compile(r"\[\d+\]"), timeout=CELL_TIMEOUT_MS)
                     assert cell.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
                                         ).filter(has_text="Traceback").count() == 0, f"cell {index} raised"
