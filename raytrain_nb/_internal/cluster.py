@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Set
 
 from . import shipping
 from .lean_head import lean_head
-from .lean_worker import defer_iri_grammar
+from .lean_entry import defer_iri_grammar
 from .processes import children, end_children
 from .errors import GroupError
 
@@ -168,7 +168,7 @@ def connect(address: Optional[str] = None) -> None:
         GroupError: connected elsewhere already, or Ray could not start.
     """
     global _started_by_us, _shipped_working_dir
-    defer_iri_grammar()  # before Ray's first import in this process (lean_worker.py says why)
+    defer_iri_grammar()  # before Ray's first import in this process (lean_entry.py says why)
     import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
     # Ray announces token authentication when it turns it on by default; ours is set explicitly, the notice goes.

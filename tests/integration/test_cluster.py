@@ -84,11 +84,19 @@ def test_the_embedded_instance_runs_without_ray_s_autoscaler_and_log_monitor(ray
     assert any("gcs_server" in cmd for cmd in ray_children.values()), ray_children  # Ray's own processes, seen
     assert not [cmd for cmd in ray_children.values() if "log_monitor.py" in cmd or "autoscaler" in cmd]
     assert parameter.RayParams.__init__.__qualname__ == "RayParams.__init__"  # only ray.init's call was changed
+    # Ray's Python head processes run their scripts through lean_entry.py (the dashboard head, a child of
+    # this process; the agents, whose commands the raylet was given)
+    lean = "lean_entry.py " + os.path.join(os.path.dirname(ray_session.__file__), "")
+    commands = " ".join(ray_children.values())
+    assert commands.count(lean + os.path.join("dashboard", "dashboard.py")) == 1, ray_children
+    raylet = [cmd for cmd in ray_children.values() if "raylet" in cmd.split()[0]]
+    assert len(raylet) == 1 and lean + os.path.join("dashboard", "agent.py") in raylet[0], raylet
+    assert lean + os.path.join("_private", "runtime_env", "agent", "main.py") in raylet[0], raylet
 
 
 
 def test_its_workers_start_as_ray_s_own_without_building_jsonschema_s_iri_grammar(ray_session):
-    """The raylet runs lean_worker.py: Ray's default_worker.py as __main__, no module of ours on sys.path,
+    """The raylet runs lean_entry.py: Ray's default_worker.py as __main__, no module of ours on sys.path,
     jsonschema's IRI check still right (it loads the grammar when first used) and the real package there."""
     import ray
 

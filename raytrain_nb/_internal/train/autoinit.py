@@ -13,7 +13,7 @@ import os
 import sys
 
 from .. import cluster
-from ..lean_worker import defer_iri_grammar
+from ..lean_entry import defer_iri_grammar
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""lean_worker: jsonschema's IRI check registered with its grammar deferred, in a fresh interpreter each."""
+"""lean_entry: jsonschema's IRI check registered with its grammar deferred, in a fresh interpreter each."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ pytest.importorskip("rfc3987_syntax")  # beside JupyterLab; without it there is 
 PROBE = textwrap.dedent("""
     import json, sys
     {prelude}
-    from raytrain_nb._internal.lean_worker import defer_iri_grammar
+    from raytrain_nb._internal.lean_entry import defer_iri_grammar
     deferred = defer_iri_grammar()
     loaded = "rfc3987_syntax" in sys.modules
     import jsonschema
