@@ -6,8 +6,8 @@ STAMP := $(VENV)/.installed
 
 # uv installs the same pins as pip in about a third of the time (parallel downloads and unpacking), compiling
 # bytecode as pip does; it reads no pip configuration, so pip's find-links (the local CPU torch wheel) are passed
-# on. Should uv not install, pip does it.
-export UV_FIND_LINKS ?= $(PIP_FIND_LINKS)
+# on (from the environment, else from pip's configuration). Should uv not install, pip does it.
+export UV_FIND_LINKS ?= $(or $(PIP_FIND_LINKS),$(shell python3 -m pip config get global.find-links 2>/dev/null))
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q -c constraints.txt uv \
