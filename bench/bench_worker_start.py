@@ -2,8 +2,8 @@
 lean entry (``lean_entry.py``) and through Ray's own ``default_worker.py``, in this environment.
 
 With JupyterLab installed beside Ray (as here and on Binder), ``jsonschema`` builds the ``rfc3987_syntax`` IRI
-grammar in every process that imports Ray; the lean entry defers it (for the workers and Ray's Python head processes). Each variant runs in a process of its own
-(the worker script is fixed when Ray starts): Ray started once, then ``STARTS`` groups of 2 one after another,
+grammar in every process that imports Ray; the lean entry defers it (for the workers and Ray's Python head
+processes). Each variant runs in a process of its own (the worker script is fixed when Ray starts): Ray started once, then ``STARTS`` groups of 2 one after another,
 each started, run one cell, shut down, so every group after the first gets new processes. Variants alternate
 (lean, Ray's, lean, ...) for ``rounds`` rounds; the figure is the median of the per-round ratios of the median
 start time, with its 95 % interval.

@@ -32,9 +32,7 @@ def _stand_in() -> types.ModuleType:
     module = types.ModuleType(IRI_PACKAGE, "loads the real package on first use (raytrain_nb lean_entry)")
 
     def is_valid_syntax(term: str, value: str) -> Any:
-        if sys.modules.get(IRI_PACKAGE) is module:
-            del sys.modules[IRI_PACKAGE]
-        import rfc3987_syntax  # the real one, now that a check needs it
+        import rfc3987_syntax  # the real one (the stand-in left sys.modules once jsonschema had this function)
 
         return rfc3987_syntax.is_valid_syntax(term, value)
 

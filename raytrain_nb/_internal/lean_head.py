@@ -37,12 +37,12 @@ def lean_head() -> Iterator[None]:
         if lean_entry:
             params.worker_path = LEAN_ENTRY
 
-    def python(*args: Any, **kwargs: Any) -> List[str]:
+    def head_python(*args: Any, **kwargs: Any) -> List[str]:
         command = list(original_python(*args, **kwargs))
         return command + [LEAN_ENTRY] if lean_entry and command[-1] in (sys.executable, "-u") else command
 
     parameter.RayParams.__init__ = init
-    services._build_python_executable_command_memory_profileable = python
+    services._build_python_executable_command_memory_profileable = head_python
     try:
         yield
     finally:

@@ -94,7 +94,6 @@ def test_the_embedded_instance_runs_without_ray_s_autoscaler_and_log_monitor(ray
     assert lean + os.path.join("_private", "runtime_env", "agent", "main.py") in raylet[0], raylet
 
 
-
 def test_its_workers_start_as_ray_s_own_without_building_jsonschema_s_iri_grammar(ray_session):
     """The raylet runs lean_entry.py: Ray's default_worker.py as __main__, no module of ours on sys.path,
     jsonschema's IRI check still right (it loads the grammar when first used) and the real package there."""
