@@ -116,6 +116,24 @@ class LabServer:
                 pass
         raise TimeoutError(f"jupyter lab did not answer within {START_TIMEOUT_S:g} s: see {self.log.name}")
 
+    def _api(self, method: str, path: str, body: Optional[dict] = None) -> dict:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(f"{self.base}/api/{path}?token={self.token}", data=data, method=method,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return json.loads(r.read() or b"{}")
+
+    def start_kernel(self, notebook: str, kernel: str = "python3") -> str:
+        """Start ``notebook``'s kernel session through the server's REST API; the page joins it when it opens.
+
+        Without it the front end starts the kernel itself, and when that start fails or comes before the front
+        end has the kernel specs (a page still loading on a busy machine), it asks with a "Select Kernel" dialog
+        that swallows the keys meant for the first cell. Returns the kernel's id.
+        """
+        session = self._api("POST", "sessions", {"path": notebook, "name": notebook, "type": "notebook",
+                                                  "kernel": {"name": kernel}})
+        return session["kernel"]["id"]
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)

@@ -68,6 +68,11 @@ def lab(tmp_path_factory):
     env = {"RAYTRAIN_NB_NUM_CPUS": "8", "OMP_NUM_THREADS": "1",
            "RAYTRAIN_NB_STORAGE_PATH": str(root.parent / "runs")}
     server = LabServer(root, env)
+    try:
+        server.start_kernel("dashboard.ipynb")  # the page joins it: no "Select Kernel" dialog
+    except BaseException:
+        server.stop()
+        raise
     yield server
     server.stop()
 

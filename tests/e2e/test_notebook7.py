@@ -64,16 +64,20 @@ def test_quickstart_dashboard_in_notebook_7(tmp_path):
     server = LabServer(root, env, app="notebook")
     passed = False
     try:
+        server.start_kernel(QUICKSTART)  # the page joins it: no "Select Kernel" dialog
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
             page = browser.new_context(viewport={"width": 1400, "height": 1300}).new_page()
+            console: list = []
+            page.on("console", lambda message: console.append(f"{message.type}: {message.text}"))
             page.set_default_timeout(STEP_TIMEOUT_MS)
             expect.set_options(timeout=STEP_TIMEOUT_MS)
             try:
                 page.goto(server.url(QUICKSTART))
                 cells = page.locator(".jp-Notebook .jp-Cell")
                 expect(cells.first).to_be_visible()
-                # the kernel is up (a cell run before it is may be dropped): Notebook 7's indicator says idle
+                # the page joined the kernel started above, and it is up (a cell run before it is may be dropped)
+                expect(page.locator(".jp-Toolbar-kernelName").first).to_contain_text("Python 3")
                 expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first).to_be_attached(
                     timeout=CELL_TIMEOUT_MS)
                 for index in range(_cells_before_shutdown()):
@@ -102,6 +106,7 @@ def test_quickstart_dashboard_in_notebook_7(tmp_path):
                 if not passed:
                     ARTIFACTS.mkdir(parents=True, exist_ok=True)
                     page.screenshot(path=str(ARTIFACTS / "notebook7-failure.png"), full_page=True)
+                    (ARTIFACTS / "notebook7-console.log").write_text("\n".join(console))
                 browser.close()
     finally:
         server.stop()
