@@ -20,6 +20,8 @@ import tempfile
 import time
 from typing import Any, Optional
 
+from ._internal.lean_entry import defer_iri_grammar
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _INDENT = "        "
 
@@ -110,6 +112,14 @@ def run_notebook(path: pathlib.Path, output: pathlib.Path, timeout: float) -> in
     return status
 
 
+def load_notebook_tools() -> None:
+    """Import nbclient and nbformat; nbformat's ``jsonschema`` without its IRI grammar built (a second or more
+    of CPU at every start, see ``_internal/lean_entry.py``): it is built if a notebook ever checks an IRI."""
+    defer_iri_grammar()
+    import nbclient  # noqa: F401 - nbclient: a dev dependency, loaded only when a notebook runs
+    import nbformat  # noqa: F401 - nbformat: optional or heavy, loaded on first use
+
+
 def main(argv: Optional[list] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m raytrain_nb.demo",
                                      description="Run a notebook headlessly, printing each cell's progress.")
@@ -121,8 +131,7 @@ def main(argv: Optional[list] = None) -> int:
     if not args.notebook.is_file():
         parser.error(f"{args.notebook}: no such notebook")
     try:
-        import nbclient  # noqa: F401
-        import nbformat  # noqa: F401
+        load_notebook_tools()
     except ImportError as exc:
         print(f"demo: {exc.name} is not installed: run `make venv` (it installs the dev extras)", file=sys.stderr)
         return 2

@@ -6,6 +6,12 @@ import tempfile
 
 import pytest
 
+from raytrain_nb._internal.lean_entry import defer_iri_grammar
+
+# This process is the integration tests' driver, as a kernel is: Ray's first import here (or nbformat's, at
+# collection) without the IRI grammar built, as cluster.connect has it in a kernel
+defer_iri_grammar()
+
 # Enough logical CPUs for several small groups on a 2-core machine; small object store.
 os.environ.setdefault("RAYTRAIN_NB_NUM_CPUS", "8")
 os.environ.setdefault("RAYTRAIN_NB_OBJECT_STORE_BYTES", str(100 * 1024 * 1024))

@@ -43,3 +43,12 @@ def test_a_process_that_loaded_jsonschema_already_is_left_as_it_is():
 def test_without_the_package_jsonschema_has_no_iri_check_as_before():
     seen = _probe("sys.modules['rfc3987_syntax'] = None  # as if not installed")
     assert seen["deferred"] is False and seen["iri_checked"] is False  # jsonschema's own fallback: no IRI check
+
+
+def test_the_demo_runner_loads_nbformat_without_building_the_grammar():
+    code = ("import json, sys\nfrom raytrain_nb import demo\ndemo.load_notebook_tools()\nimport nbformat\n"
+            "nbformat.validate(nbformat.v4.new_notebook())\n"
+            "print(json.dumps(['nbformat' in sys.modules, 'rfc3987_syntax' in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [True, False]
