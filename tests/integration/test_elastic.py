@@ -17,14 +17,8 @@ import pytest
 SCRIPT = textwrap.dedent("""
     import asyncio, json, os, signal, sys, tempfile, time
     os.environ["RAYTRAIN_NB_ELASTIC_WAIT_S"] = "3"
-    from raytrain_nb._internal.lean_entry import defer_iri_grammar
-    defer_iri_grammar()
     import ray
     from ray.cluster_utils import Cluster
-    from raytrain_nb._internal.lean_head import lean_head
-    # every node of this cluster starts as the embedded instance does (lean workers and head processes,
-    # no autoscaler or log monitor): the same product path, seconds of CPU less per node on 2 cores
-    lean_head().__enter__()
     small = {"object_store_memory": 80 * 1024 * 1024}
 
     def retried(start, what):

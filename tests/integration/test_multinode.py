@@ -10,14 +10,8 @@ import textwrap
 
 SCRIPT = textwrap.dedent("""
     import json, os, signal, threading, time
-    from raytrain_nb._internal.lean_entry import defer_iri_grammar
-    defer_iri_grammar()
     import ray
     from ray.cluster_utils import Cluster
-    from raytrain_nb._internal.lean_head import lean_head
-    # every node of this cluster starts as the embedded instance does (lean workers and head processes,
-    # no autoscaler or log monitor): the same product path, seconds of CPU less per node on 2 cores
-    lean_head().__enter__()
     # Ray declares a lost node dead after 10 missed health checks of 0.5 s: the loss (its worker killed
     # with it) is noticed well before that, so the restart below starts while the node still looks alive
     cluster = Cluster(initialize_head=True, head_node_args={
