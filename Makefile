@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
-# The whole suite, the tutorial notebooks (tests/notebook/test_tutorials.py) included, in turn: run beside the
-# rest, their load on 2 cores pushed a timed interrupt test over its bound.
+# The whole suite, the tutorial notebooks (tests/notebook/test_tutorials.py) included, in one pytest: run beside the
+# rest, their load on 2 cores pushed a timed interrupt test over its bound. Within their own module they run two at
+# a time (each a kernel told one CPU), with nothing else of the suite beside them.
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 

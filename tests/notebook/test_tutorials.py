@@ -53,9 +53,11 @@ def _run(path: pathlib.Path, folder: pathlib.Path) -> subprocess.CompletedProces
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Dict[str, "concurrent.futures.Future[subprocess.CompletedProcess]"]:
-    """Every tutorial started, :data:`AT_ONCE` at a time, longest first; each test waits for its own."""
-    order = sorted(TUTORIALS, key=lambda p: (LONGEST_FIRST + [p.stem]).index(p.stem))
+def runs(request, tmp_path_factory) -> Dict[str, "concurrent.futures.Future[subprocess.CompletedProcess]"]:
+    """Every selected tutorial started, :data:`AT_ONCE` at a time, longest first; each test waits for its own."""
+    chosen = {item.callspec.params["path"] for item in request.session.items
+              if item.module is request.module and hasattr(item, "callspec")}
+    order = sorted(chosen, key=lambda p: ((LONGEST_FIRST + [p.stem]).index(p.stem), p.stem))
     pool = concurrent.futures.ThreadPoolExecutor(AT_ONCE, thread_name_prefix="tutorial")
     futures = {p.stem: pool.submit(_run, p, tmp_path_factory.mktemp(p.stem)) for p in order}
     yield futures
