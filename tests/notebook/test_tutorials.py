@@ -67,7 +67,7 @@ def runs(request, tmp_path_factory) -> Dict[str, "concurrent.futures.Future[subp
 @pytest.mark.timeout(960)
 @pytest.mark.parametrize("path", TUTORIALS, ids=[p.stem for p in TUTORIALS])
 def test_tutorial_runs_top_to_bottom_on_one_cpu(path, runs):
-    proc = runs[path.stem].result(timeout=900)  # two 600 s runs at most before it, one beside
+    proc = runs[path.stem].result(timeout=900)  # each run ends by its own 600 s limit; the pair takes ~3 min here
     assert proc.returncode == 0, f"{proc.stdout[-6000:]}\n{proc.stderr[-4000:]}"
     out = pathlib.Path(proc.args[proc.args.index("--output") + 1])
     nb = nbformat.read(out, as_version=4)
