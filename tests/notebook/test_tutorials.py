@@ -13,7 +13,7 @@ import os
 import pathlib
 import subprocess
 import sys
-from typing import Dict
+from typing import Dict, Tuple
 
 import nbformat
 import pytest
@@ -44,16 +44,21 @@ def test_every_tutorial_is_in_the_series_and_saved_without_outputs():
             f"{path.name}: its last cells must assert the notebook's outcome"
 
 
-def _run(path: pathlib.Path, folder: pathlib.Path) -> subprocess.CompletedProcess:
-    """Execute one tutorial as ``make demo`` does, under the pod's settings; its output notebook in ``folder``."""
+#: One tutorial's run: the process and the executed notebook it wrote.
+Run = Tuple[subprocess.CompletedProcess, pathlib.Path]
+
+
+def _run(path: pathlib.Path, folder: pathlib.Path) -> Run:
+    """Execute one tutorial as ``make demo`` does, under the pod's settings; the run and its executed notebook."""
+    out = folder / f"{path.stem}.executed.ipynb"
     env = {**os.environ, **POD_ENV, "RAYTRAIN_NB_STORAGE_PATH": str(folder / "runs")}
-    return subprocess.run([sys.executable, "-m", "raytrain_nb.demo", str(path), "--output",
-                           str(folder / f"{path.stem}.executed.ipynb"), "--timeout", "240"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    proc = subprocess.run([sys.executable, "-m", "raytrain_nb.demo", str(path), "--output", str(out),
+                           "--timeout", "240"], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    return proc, out
 
 
 @pytest.fixture(scope="module")
-def runs(request, tmp_path_factory) -> Dict[str, "concurrent.futures.Future[subprocess.CompletedProcess]"]:
+def runs(request, tmp_path_factory) -> Dict[str, "concurrent.futures.Future[Run]"]:
     """Every selected tutorial started, :data:`AT_ONCE` at a time, longest first; each test waits for its own."""
     chosen = {item.callspec.params["path"] for item in request.session.items
               if item.module is request.module and hasattr(item, "callspec")}
@@ -67,9 +72,8 @@ def runs(request, tmp_path_factory) -> Dict[str, "concurrent.futures.Future[subp
 @pytest.mark.timeout(960)
 @pytest.mark.parametrize("path", TUTORIALS, ids=[p.stem for p in TUTORIALS])
 def test_tutorial_runs_top_to_bottom_on_one_cpu(path, runs):
-    proc = runs[path.stem].result(timeout=900)  # each run ends by its own 600 s limit; the pair takes ~3 min here
+    proc, out = runs[path.stem].result(timeout=900)  # each run ends by its own 600 s limit; all take ~3 min here
     assert proc.returncode == 0, f"{proc.stdout[-6000:]}\n{proc.stderr[-4000:]}"
-    out = pathlib.Path(proc.args[proc.args.index("--output") + 1])
     nb = nbformat.read(out, as_version=4)
     for cell in nb.cells:
         if cell.cell_type == "code":
