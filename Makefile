@@ -17,11 +17,13 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
-# The whole suite, the tutorial notebooks (tests/notebook/test_tutorials.py) included, in one pytest: run beside the
-# rest, their load on 2 cores pushed a timed interrupt test over its bound. Within their own module they run two at
-# a time (each a kernel told one CPU), with nothing else of the suite beside them.
+# The whole suite in one pytest, in two lanes (pytest-xdist workers; a module's tests stay in one lane, in order;
+# modules go out as collected, the short unit tests last to fill the end). A test marked `exclusive` (a timing
+# bound, or the tutorials, which fill the machine two at a time) runs with the other lane waiting (tests/lanes.py).
+# LANES=1 runs it in one process, in order.
+LANES ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider $(if $(filter-out 1,$(LANES)),-n $(LANES) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(PY) -m raytrain_nb.demo notebooks/01_quickstart.ipynb

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 
 import pytest
@@ -16,7 +17,15 @@ defer_iri_grammar()
 os.environ.setdefault("RAYTRAIN_NB_NUM_CPUS", "8")
 os.environ.setdefault("RAYTRAIN_NB_OBJECT_STORE_BYTES", str(100 * 1024 * 1024))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("RAYTRAIN_NB_STORAGE_PATH", tempfile.mkdtemp(prefix="rtnb-test-runs-"))
+# Each test lane (an xdist worker) its own runs folder: two lanes' runs never share a name's folder.
+if "PYTEST_XDIST_WORKER" in os.environ or "RAYTRAIN_NB_STORAGE_PATH" not in os.environ:
+    os.environ["RAYTRAIN_NB_STORAGE_PATH"] = tempfile.mkdtemp(prefix="rtnb-test-runs-")
+# A shell without job control starts background commands with SIGINT ignored, and processes inherit that: the
+# tests that press Ctrl-C on a kernel or a script would see nothing happen. Python's own handler, as in a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+pytest_plugins = ("tests.lanes",)
 
 
 @pytest.fixture(scope="session")

@@ -42,6 +42,7 @@ def _timed(fn):
         return exc, time.monotonic() - start
 
 
+@pytest.mark.exclusive  # a timing bound: the other test lane waits (tests/lanes.py)
 def test_stopped_ranks_cost_one_deadline(stopped):
     error, took = _timed(lambda: stopped.pull("x", rank=None))
     assert isinstance(error, GroupError), error

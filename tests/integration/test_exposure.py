@@ -71,6 +71,7 @@ def test_a_one_machine_group_opens_nothing_beyond_loopback(group):
     assert local, "the ranks' process group should listen on 127.0.0.1"
 
 
+@pytest.mark.exclusive  # a timing bound: the other test lane waits (tests/lanes.py)
 def test_two_groups_on_one_run(ray_session, tmp_path, monkeypatch):
     first = WorkerGroup(1, storage_path=str(tmp_path), name="shared", activate=False)
     try:

@@ -69,6 +69,7 @@ def group(ray_session):
     group.shutdown()
 
 
+@pytest.mark.exclusive  # a timing bound: the other test lane waits (tests/lanes.py)
 def test_kill_mid_cell_names_the_rank_fast_and_restart_copies_a_peers_state(group):
     sink = MarkSink()
     victim = group.status()[1]
@@ -101,6 +102,7 @@ def test_kill_while_idle_is_noticed_and_shown_dead(group):
         group.restart()
 
 
+@pytest.mark.exclusive  # a timing bound: the other test lane waits (tests/lanes.py)
 def test_sigstop_is_reported_after_the_heartbeat_timeout(group):
     sink = MarkSink()
     victim = group.status()[1].pid
@@ -237,6 +239,7 @@ def test_spare_takes_over_a_dead_rank(ray_session):
         group.shutdown()
 
 
+@pytest.mark.exclusive  # a timing bound: the other test lane waits (tests/lanes.py)
 def test_rescale_beyond_the_cluster_fails_fast_with_numbers(group):
     start = time.monotonic()
     with pytest.raises(GroupError, match=r"100 workers x 1 CPU = 100 CPU asked, but the cluster has 8 CPU"):

@@ -31,6 +31,7 @@ def test_state_is_warm_between_cells_and_value_is_rank0s(group):
     assert group.pull("counter", rank=None) == [11, 12]
 
 
+@pytest.mark.exclusive  # a timing bound: the other test lane waits (tests/lanes.py)
 def test_output_streams_while_the_cell_runs(group):
     sink = TimedSink()
     started = time.monotonic()
@@ -41,6 +42,7 @@ def test_output_streams_while_the_cell_runs(group):
     assert sink.text() == "first\nsecond\n"
 
 
+@pytest.mark.exclusive  # a timing bound: the other test lane waits (tests/lanes.py)
 def test_metrics_reach_the_driver_before_the_cell_ends(group):
     arrivals = []
     group.subscribe_metrics(lambda recs: arrivals.extend((time.time(), r) for r in recs))
@@ -159,6 +161,7 @@ def test_training_keeps_ranks_identical(group):
     assert all((a == b).all() for a, b in zip(p0, p1))
 
 
+@pytest.mark.exclusive  # a timing bound: the other test lane waits (tests/lanes.py)
 def test_more_cpus_than_the_cluster_fails_at_once(ray_session):
     started = time.monotonic()
     with pytest.raises(ResourceError, match=r"2 workers x 1000 CPU = 2000 CPU asked, but the cluster has 8 CPU"):
@@ -166,6 +169,7 @@ def test_more_cpus_than_the_cluster_fails_at_once(ray_session):
     assert time.monotonic() - started < 10
 
 
+@pytest.mark.exclusive  # a timing bound: the other test lane waits (tests/lanes.py)
 def test_resources_held_elsewhere_fail_within_the_timeout(group):
     started = time.monotonic()
     with pytest.raises(ResourceError, match=r"could not be placed within 2 s .*free now: .*CPU"):

@@ -122,6 +122,7 @@ def test_a_rank_that_raises_inside_the_collective_ends_the_cell_on_every_rank(lg
     assert quiet(lgb_group, TRAIN).values[0][0]["text/plain"] == "(2, 3)"  # the next cell trains again
 
 
+@pytest.mark.exclusive  # a timing bound: the other test lane waits (tests/lanes.py)
 def test_a_rank_left_waiting_for_a_failed_peer_is_released_or_stopped_within_the_stated_time(lgb_group, monkeypatch):
     from raytrain_nb import WorkerError
     from raytrain_nb._internal.frameworks.boosting import LIGHTGBM

@@ -45,6 +45,7 @@ def _fd_and_threads(g):
     return g.execute(lambda: (len(os.listdir("/proc/self/fd")), threading.active_count()))
 
 
+@pytest.mark.exclusive  # a timing bound: the other test lane waits (tests/lanes.py)
 def test_divergent_error_releases_the_waiting_rank(group):
     started = time.monotonic()
     with pytest.raises(WorkerError) as info:
@@ -56,6 +57,7 @@ def test_divergent_error_releases_the_waiting_rank(group):
     assert_trains_identically(group)
 
 
+@pytest.mark.exclusive  # a timing bound: the other test lane waits (tests/lanes.py)
 def test_interrupt_releases_a_rank_blocked_in_ddp_backward(group):
     sink = EventSink("rank 1 busy")
     box = {}

@@ -58,6 +58,7 @@ def timed(fn):
         timed.took = time.monotonic() - start
 
 
+@pytest.mark.exclusive  # a timing bound: the other test lane waits (tests/lanes.py)
 def test_a_rank_idle_while_its_peer_waits_is_named_in_seconds_and_the_peer_released(ray_session):
     ranks = [FakeRank.remote(), FakeRank.remote()]
     refs = [ranks[0]._join.remote(True)]  # rank 1 never got the step
@@ -69,6 +70,7 @@ def test_a_rank_idle_while_its_peer_waits_is_named_in_seconds_and_the_peer_relea
     assert ray.get(ranks[0].was_released.remote(), timeout=10)
 
 
+@pytest.mark.exclusive  # a timing bound: the other test lane waits (tests/lanes.py)
 def test_a_rank_doing_something_else_is_named(ray_session):
     ranks = [FakeRank.remote(), FakeRank.remote()]
     refs = [ranks[0]._join.remote(True), ranks[1]._join.remote(True)]

@@ -83,6 +83,7 @@ class StopWatch(tune.Callback):
             thread.join(timeout=35)
 
 
+@pytest.mark.exclusive  # a timing bound: the other test lane waits (tests/lanes.py)
 @pytest.mark.timeout(300)
 def test_asha_stops_weak_trials_and_their_workers_at_once(tmp_path):
     from ray.tune.schedulers import ASHAScheduler

@@ -58,6 +58,7 @@ def test_dist_dashboard_shows_the_widget(nb):
     assert WIDGET in nb.ok("_rt.active_group().dashboard()").result  # group.dashboard() as a cell's value
 
 
+@pytest.mark.exclusive  # a timing bound: the other test lane waits (tests/lanes.py)
 def test_background_output_stays_in_its_own_cell(nb):
     bg = nb.submit("%%distributed --background\nfor i in range(12):\n"
                    "    print('tick', i, flush=True)\n    time.sleep(0.25)\n'done-value'")

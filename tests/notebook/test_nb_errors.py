@@ -73,6 +73,7 @@ def test_bad_flags_answer_at_once_and_start_nothing(no_group, flags, expected):
     ("--workers 3 --gpus 1", r"^3 workers x 1 GPU = 3 GPU asked, but the cluster has 0 GPU: "
                              r"use fewer workers or a smaller --gpus$"),
 ])
+@pytest.mark.exclusive  # a timing bound: the other test lane waits (tests/lanes.py)
 def test_more_resources_than_the_cluster_has_fail_within_10s(ray_up, flags, asked):
     cell = ray_up.run(f"%%distributed {flags}\nprint('ran')", timeout=60)
     elapsed = cell.reply_t - cell.submitted

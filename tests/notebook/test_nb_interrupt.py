@@ -7,7 +7,8 @@ import pytest
 
 from .nbkernel import START_TIMEOUT_S
 
-pytestmark = pytest.mark.notebook
+# exclusive: timing bounds; the other test lane waits (tests/lanes.py)
+pytestmark = [pytest.mark.notebook, pytest.mark.exclusive]
 
 #: From the interrupt to the cell's reply (the requirement; not loosened for a loaded machine).
 STOP_S = 2.0

@@ -18,7 +18,8 @@ from typing import Dict, Tuple
 import nbformat
 import pytest
 
-pytestmark = pytest.mark.notebook
+# exclusive: two kernels fill the machine; the other test lane waits (tests/lanes.py)
+pytestmark = [pytest.mark.notebook, pytest.mark.exclusive]
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TUTORIALS = sorted(p for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")
