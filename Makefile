@@ -17,11 +17,12 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
-# The whole suite in one pytest, in two lanes (pytest-xdist workers; a module's tests stay in one lane, in order;
-# modules go out as collected, the short unit tests last to fill the end). A test marked `exclusive` (a timing
-# bound, or the tutorials, which fill the machine two at a time) runs with the other lane waiting (tests/lanes.py).
-# LANES=1 runs it in one process, in order.
-LANES ?= 2
+# The whole suite, the tutorial notebooks (tests/notebook/test_tutorials.py) included, in one pytest, in order. The
+# tutorials run two at a time (each a kernel told one CPU) with nothing else of the suite beside them.
+# LANES=2 runs it in two lanes instead (pytest-xdist workers, a module's tests in one lane; tests/lanes.py: a test
+# marked `exclusive` runs with the other lane waiting). Not the default: it was 6-12 % faster here, and one run in
+# three failed, a Tune trial of the Ray Train examples under the other lane's load.
+LANES ?= 1
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider $(if $(filter-out 1,$(LANES)),-n $(LANES) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 

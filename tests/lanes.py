@@ -1,6 +1,6 @@
 """Two lanes of tests on one machine, with the machine to itself for a test that needs it.
 
-``make test`` runs the suite in two pytest-xdist workers (``-n 2 --dist loadfile``: a module's tests stay in one
+``make test LANES=2`` runs the suite in two pytest-xdist workers (``-n 2 --dist loadfile``: a module's tests stay in one
 worker, in order, so a module's group and kernel are shared as before). A test marked ``exclusive`` (a timing bound,
 or a load that must not meet another test's) runs with the other lane stopped at its next test boundary.
 
