@@ -1,7 +1,8 @@
 """Two lanes of tests on one machine, with the machine to itself for a test that needs it.
 
-``make test LANES=2`` runs the suite in two pytest-xdist workers (``-n 2 --dist loadfile``: a module's tests stay in one
-worker, in order, so a module's group and kernel are shared as before). A test marked ``exclusive`` (a timing bound,
+``make test LANES=2`` runs the suite in two pytest-xdist workers (``-n 2 --dist loadfile``: a module's tests stay
+in one worker, in order, so a module's group and kernel are shared as before; the Makefile says why it is not the
+default). A test marked ``exclusive`` (a timing bound,
 or a load that must not meet another test's) runs with the other lane stopped at its next test boundary.
 
 Two lock files make that a readers-writer lock with writer preference:
@@ -15,10 +16,10 @@ lock, so a module's group starts and stops under the same rule as its tests.
 
 Modules with an exclusive test go out first. An exclusive test waits for the test the other lane is in; were that
 one of the long single tests (the Ray Train examples, the elastic run, a browser), a test of 2 s would wait minutes.
-Those modules come after every exclusive test has run, when the two lanes no longer wait for each other.
+The modules without one come after every exclusive test has run, when the two lanes no longer wait for each other.
 
-Without xdist (one process) nothing is locked and the order is as collected. ``RAYTRAIN_NB_LANES_LOG=FILE`` appends, per test, its lane, how
-it ran, how long it waited to start and how long it took (to see where a run's time went).
+Without xdist (one process) nothing is locked and the order is as collected. ``RAYTRAIN_NB_LANES_LOG=FILE``
+appends, per test, its lane, how it ran, how long it waited to start and how long it took (where a run's time went).
 """
 from __future__ import annotations
 
