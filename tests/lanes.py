@@ -110,7 +110,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
-    if _lane_dir() is None:
+    if _KEY not in config.stash:  # one process: the order as collected
         return
     waits = {item.module.__name__ for item in items if _exclusive(item) and hasattr(item, "module")}
     items.sort(key=lambda item: getattr(item, "module", None) is None or item.module.__name__ not in waits)
