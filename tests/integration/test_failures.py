@@ -1,4 +1,7 @@
-"""Real worker deaths: detection, restart from a live peer, rescale, automatic recovery, spares."""
+"""Real worker deaths: detection, restart from a live peer, rescale, automatic recovery, spares.
+
+The tests of the `group` fixture share one group, reset between them (its ranks start once, not per test);
+the others make groups of their own."""
 from __future__ import annotations
 
 import os
@@ -51,22 +54,55 @@ def identical(states):
 
 def kill_when(sink, pid, sig=signal.SIGKILL):
     def fire():
-        sink.seen.wait(60)
-        os.kill(pid, sig)
-        fire.at = time.monotonic()
+        if sink.seen.wait(60):  # never later: the pid may by then be a rank of the module's group in another test
+            os.kill(pid, sig)
+            fire.at = time.monotonic()
 
     fire.at = None
     threading.Thread(target=fire, daemon=True).start()
     return fire
 
 
+#: Empties a rank's namespace of a test's variables (what the worker put there itself stays).
+CLEAR = "for _k in [k for k in globals() if k not in ('__name__', '__builtins__', 'display')]:\n    del globals()[_k]"
+
+
+def _reset(group: WorkerGroup) -> bool:
+    """Two live ranks again, with an empty namespace and no cell history; False where that is not possible."""
+    try:
+        if any(r.state in ("dead", "unresponsive") for r in group.status()):
+            group.restart()
+        if group.num_workers != 2:
+            group.rescale(2)
+        quiet(group, CLEAR)
+    except (GroupError, WorkerError):
+        return False
+    group.history.clear()  # a replacement replays this test's setup cells only, as in a group of its own
+    return True
+
+
+@pytest.fixture(scope="module")
+def module_group(ray_session):
+    """The module's group, made on first use and handed from test to test (its two ranks start once)."""
+    holder = {}
+    yield holder
+    if holder:
+        holder["group"].shutdown()
+
+
 @pytest.fixture
-def group(ray_session):
-    group = WorkerGroup(2, heartbeat_timeout_s=3)
-    quiet(group, SETUP)
-    quiet(group, EPOCH)
-    yield group
-    group.shutdown()
+def group(module_group):
+    """A 2-worker group that has run SETUP and one EPOCH, as new as a test can tell: the module's group reset
+    (dead ranks restarted, two workers, namespace and history emptied), or a new one where that failed."""
+    g = module_group.get("group")
+    if g is not None and not _reset(g):
+        g.shutdown()
+        g = None
+    if g is None:
+        g = module_group["group"] = WorkerGroup(2, heartbeat_timeout_s=3)
+    quiet(g, SETUP)
+    quiet(g, EPOCH)
+    return g
 
 
 @pytest.mark.exclusive  # a timing bound: the other test lane waits (tests/lanes.py)
