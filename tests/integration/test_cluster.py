@@ -8,14 +8,10 @@ import sys
 import textwrap
 
 GPU_SCRIPT = textwrap.dedent("""
-    import json, os, ray
-    for attempt in range(3):  # a loaded machine sometimes times out a node's start: retry
-        try:
-            ray.init(address="local", num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False,
-                     object_store_memory=80 * 1024 * 1024)
-            break
-        except Exception:
-            ray.shutdown()
+    import json, os
+    # the embedded instance, told it has 2 GPUs (Ray takes the count as given: this machine has none)
+    os.environ.pop("RAY_ADDRESS", None)
+    os.environ.update(RAYTRAIN_NB_NUM_CPUS="4", RAYTRAIN_NB_NUM_GPUS="2")
     from raytrain_nb import WorkerGroup, GroupError
     g = WorkerGroup(2, gpus_per_worker=1, backend="gloo")
     seen = g.execute(lambda: {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK", "RANK")}
