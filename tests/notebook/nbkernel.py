@@ -19,6 +19,18 @@ KERNEL_ENV = {"RAYTRAIN_NB_NUM_CPUS": "8", "OMP_NUM_THREADS": "1"}
 START_TIMEOUT_S = 240.0
 CELL_TIMEOUT_S = 120.0
 
+#: A kernel cell: whether every CPU of the kernel's Ray instance is free (or Ray is not started), within a deadline.
+FREED_CHECK = """
+import time as _time
+import ray as _ray
+def _freed():
+    return not _ray.is_initialized() or _ray.available_resources().get("CPU", 0) >= _ray.cluster_resources()["CPU"]
+_deadline = _time.monotonic() + {timeout}
+while not _freed() and _time.monotonic() < _deadline:
+    _time.sleep(0.2)  # the poll period of the wait for the condition, bounded by _deadline
+_freed()
+"""
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -194,6 +206,22 @@ class Kernel:
         if live == "True":
             return self.ok(f"%%distributed\n{setup or 'pass'}")
         return self.ok(f"%%distributed --workers 2\n{setup or 'pass'}", timeout)
+
+    def hand_on(self, cwd: str, timeout: float = 60.0) -> bool:
+        """Make this kernel as a new one looks to a test module: no group, every CPU of its Ray instance free,
+        an empty namespace, ``cwd`` its folder (``%load_ext`` stays done, the Ray instance up). False where it
+        does not answer or something stays reserved: the caller starts a new kernel then."""
+        if not self.km.is_alive():
+            return False
+        try:
+            self.ok("import raytrain_nb as _rt\n_g = _rt.active_group()\nif _g is not None:\n    _g.shutdown()",
+                    timeout)
+            free = self.ok(FREED_CHECK.format(timeout=timeout / 2), timeout).value == "True"
+            self.ok(f"%reset -f\n%cd -q {cwd}", timeout)
+        except (AssertionError, TimeoutError):
+            return False
+        self.cwd = cwd
+        return free
 
     def close(self) -> None:
         """Stop the kernel, its Ray instance first.

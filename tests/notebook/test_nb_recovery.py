@@ -16,6 +16,8 @@ from ..groups import FIRST_CELL as GROUP_FIRST_CELL
 from .nbkernel import START_TIMEOUT_S
 
 pytestmark = pytest.mark.notebook
+#: a kernel of its own (tests/notebook/conftest.py): its first cell starts Ray as well, as in a new notebook
+FRESH_KERNEL = True
 
 FIRST_CELL = "%%distributed --workers 2" + GROUP_FIRST_CELL
 
