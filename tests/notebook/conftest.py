@@ -8,6 +8,12 @@ import pytest
 from .nbkernel import Kernel
 
 
+def _new_kernel(folder: str) -> Kernel:
+    k = Kernel(folder)
+    k.ok("%load_ext raytrain_nb")
+    return k
+
+
 @pytest.fixture(scope="session")
 def _kernels() -> Iterator[Dict[str, Kernel]]:
     """The kernel the modules hand on (made by the first one that asks); stopped at the session's end."""
@@ -27,9 +33,8 @@ def kernel(_kernels, tmp_path_factory, request):
     """
     folder = str(tmp_path_factory.mktemp("nb"))
     if getattr(request.module, "FRESH_KERNEL", False):
-        k = Kernel(folder)
+        k = _new_kernel(folder)
         try:
-            k.ok("%load_ext raytrain_nb")
             yield k
         finally:
             k.close()
@@ -39,6 +44,5 @@ def kernel(_kernels, tmp_path_factory, request):
         k.close()
         k = None
     if k is None:
-        k = _kernels["kernel"] = Kernel(folder)
-        k.ok("%load_ext raytrain_nb")
+        k = _kernels["kernel"] = _new_kernel(folder)
     yield k

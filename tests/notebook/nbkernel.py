@@ -13,23 +13,17 @@ import re
 import time
 from typing import Any, Callable, Dict, List, Optional
 
+from ..waiting import wait_for
+
 #: The kernel's environment: its embedded Ray gets 8 logical CPUs on this 2-core machine.
 KERNEL_ENV = {"RAYTRAIN_NB_NUM_CPUS": "8", "OMP_NUM_THREADS": "1"}
 #: Generous: other Ray test suites may load the machine.
 START_TIMEOUT_S = 240.0
 CELL_TIMEOUT_S = 120.0
 
-#: A kernel cell: whether every CPU of the kernel's Ray instance is free (or Ray is not started), within a deadline.
-FREED_CHECK = """
-import time as _time
-import ray as _ray
-def _freed():
-    return not _ray.is_initialized() or _ray.available_resources().get("CPU", 0) >= _ray.cluster_resources()["CPU"]
-_deadline = _time.monotonic() + {timeout}
-while not _freed() and _time.monotonic() < _deadline:
-    _time.sleep(0.2)  # the poll period of the wait for the condition, bounded by _deadline
-_freed()
-"""
+#: A kernel cell: whether every CPU of the kernel's Ray instance is free (or Ray is not started).
+FREED_CHECK = """import ray as _ray
+not _ray.is_initialized() or _ray.available_resources().get("CPU", 0) >= _ray.cluster_resources()["CPU"]"""
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -216,12 +210,13 @@ class Kernel:
         try:
             self.ok("import raytrain_nb as _rt\n_g = _rt.active_group()\nif _g is not None:\n    _g.shutdown()",
                     timeout)
-            free = self.ok(FREED_CHECK.format(timeout=timeout / 2), timeout).value == "True"
+            wait_for(lambda: self.ok(FREED_CHECK, timeout).value == "True", timeout / 2,
+                     "every CPU of the kernel's Ray instance to be free", interval=0.2)
             self.ok(f"%reset -f\n%cd -q {cwd}", timeout)
         except (AssertionError, TimeoutError):
             return False
         self.cwd = cwd
-        return free
+        return True
 
     def close(self) -> None:
         """Stop the kernel, its Ray instance first.
