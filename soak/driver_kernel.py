@@ -6,7 +6,7 @@ not print (pids, digests) is read with small plain-Python cells that print one J
 """
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import os
 import sys
@@ -22,12 +22,10 @@ Action = Optional[Callable[[bool], Any]]
 
 
 def _nbkernel() -> Any:
-    path = os.path.join(_REPO, "tests", "notebook", "nbkernel.py")
-    spec = importlib.util.spec_from_file_location("soak_nbkernel", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+    """The test suite's kernel helper, imported as part of the ``tests`` package (it imports ``tests.waiting``)."""
+    if _REPO not in sys.path:
+        sys.path.insert(0, _REPO)
+    return importlib.import_module("tests.notebook.nbkernel")
 
 
 _KERNEL_HELPERS = """
