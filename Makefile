@@ -20,8 +20,9 @@ venv: $(STAMP)
 # The whole suite, the tutorial notebooks (tests/notebook/test_tutorials.py) included, in one pytest, in order. The
 # tutorials run two at a time (each a kernel told one CPU) with nothing else of the suite beside them.
 # LANES=2 runs it in two lanes instead (pytest-xdist workers, a module's tests in one lane; tests/lanes.py: a test
-# marked `exclusive` runs with the other lane waiting). Not the default: it was 6-12 % faster here, and one run in
-# three failed, a Tune trial of the Ray Train examples under the other lane's load.
+# marked `exclusive` runs with the other lane waiting). Not the default: it was 6-12 % faster on a slower machine and
+# 15 % on a faster one (802 s against 945 s), and it fails where a test meets the other lane's load: one run in three
+# there (a Tune trial of the Ray Train examples), the one run here (Ctrl-C while a group waits for resources).
 LANES ?= 1
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider $(if $(filter-out 1,$(LANES)),-n $(LANES) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
