@@ -95,14 +95,25 @@ def _live_placement_groups(ray):
 
 def test_ctrl_c_while_waiting_for_resources_leaves_no_placement_group(group, ray_session, tmp_path):
     before = _live_placement_groups(ray_session)
-    timer = threading.Timer(1.5, _thread.interrupt_main)  # Ctrl-C while the new group waits for CPUs
-    timer.start()
+    done = threading.Event()
+
+    def ctrl_c_once_it_waits() -> None:
+        # Ctrl-C while the new group waits for CPUs: once its placement group is in Ray's table (a fixed delay
+        # could land before that, on a loaded machine, where Ray's own calls may take the interrupt)
+        wait_for(lambda: done.is_set() or _live_placement_groups(ray_session) - before, 60,
+                 "the new group's placement group")
+        if not done.is_set():
+            _thread.interrupt_main()
+
+    pressing = threading.Thread(target=ctrl_c_once_it_waits, daemon=True)
+    pressing.start()
     try:
         with pytest.raises(KeyboardInterrupt):
             # feasible on this cluster (8 CPUs) but not now: the shared group holds 2 of them
             WorkerGroup(2, cpus_per_worker=4, placement_timeout_s=120, storage_path=str(tmp_path), activate=False)
     finally:
-        timer.cancel()
+        done.set()
+        pressing.join(timeout=10)
     wait_for(lambda: _live_placement_groups(ray_session) == before, 10, "the placement group to be removed")
 
 
