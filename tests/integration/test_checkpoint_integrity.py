@@ -99,7 +99,7 @@ def test_ctrl_c_while_waiting_for_resources_leaves_no_placement_group(group, ray
 
     def ctrl_c_once_it_waits() -> None:
         # Ctrl-C while the new group waits for CPUs: once its placement group is in Ray's table (a fixed delay
-        # could land before that, on a loaded machine, where Ray's own calls may take the interrupt)
+        # does not say that the wait has begun)
         wait_for(lambda: done.is_set() or _live_placement_groups(ray_session) - before, 60,
                  "the new group's placement group")
         if not done.is_set():
