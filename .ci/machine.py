@@ -1,8 +1,11 @@
 """`make test`'s time against its budget, with what the machine was like meanwhile (CI's own step, stdlib only).
 
 The same suite has taken twice as long on one 2-core machine as on another (slower cores, or cores shared with other
-machines: "steal" in /proc/stat). A single-core reference loop, timed before the suite, and the share of CPU time
-stolen during it tell a slow machine from a slower suite.
+machines: "steal" in /proc/stat). What the machine was like meanwhile tells a slow machine from a slower suite: the
+CPU the run used (core-seconds: 1257 for pytest on the machine where make test took 862 s, 1702 on one where it took
+about 1310 s, 2824 on one where it took about 33 minutes), the share stolen, a single-core reference loop timed before
+the suite, and the CPU of a fresh ``import torch, ray`` timed after it (what every rank process pays first; the loop
+alone tracked the suite poorly: 1.6-2.3 s on the 1310 s machine, 0.90-0.98 s on the 862 s one).
 
     python3 .ci/machine.py start FILE            # before `make test`
     python3 .ci/machine.py end FILE --budget S   # after it: one line, also written next to FILE as .txt
@@ -11,6 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
+import statistics
+import subprocess
 import time
 from pathlib import Path
 from typing import Dict
@@ -33,6 +40,26 @@ def _reference_s() -> float:
     return time.perf_counter() - start
 
 
+#: The suite's own interpreter, made by `make test`; absent when the set-up failed.
+VENV_PYTHON = Path(".venv/bin/python")
+
+
+def _import_cpu_s(repeats: int = 3) -> float:
+    """Median CPU seconds of a fresh ``import torch, ray`` in the suite's venv; NaN without one."""
+    if not VENV_PYTHON.exists():
+        return float("nan")
+    spent = []
+    for _ in range(repeats):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        try:
+            subprocess.run([str(VENV_PYTHON), "-c", "import torch, ray"], capture_output=True, timeout=120, check=False)
+        except (OSError, subprocess.SubprocessError):
+            return float("nan")  # a figure to print, never a reason for CI to fail
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        spent.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    return statistics.median(spent)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=("start", "end"))
@@ -48,9 +75,12 @@ def main() -> int:
     now = _cpu()
     spent = {k: now[k] - start["cpu"][k] for k in now}
     total = sum(spent.values()) or 1
+    ticks = os.sysconf("SC_CLK_TCK")
     line = (f"CI: make test took {took:.0f} s of its {args.budget:.0f} s budget "
-            f"({'within' if took <= args.budget else 'OVER'}); CPU meanwhile {100 * spent['busy'] / total:.0f} % busy, "
-            f"{100 * spent['steal'] / total:.1f} % stolen; single-core reference loop {start['reference_s']:.2f} s")
+            f"({'within' if took <= args.budget else 'OVER'}); CPU meanwhile {spent['busy'] / ticks:.0f} core-s, "
+            f"{100 * spent['busy'] / total:.0f} % busy, {100 * spent['steal'] / total:.1f} % stolen; "
+            f"single-core reference loop {start['reference_s']:.2f} s; a fresh import of torch and ray "
+            f"{_import_cpu_s():.1f} core-s")
     print(line)
     args.file.with_suffix(".txt").write_text(line + "\n")
     return 0
