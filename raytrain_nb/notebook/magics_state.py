@@ -14,9 +14,10 @@ from .magic_args import call, need_group
 
 
 def _report_replay(group: Any) -> None:
-    """Say which setup cells failed when new ranks replayed them (they joined all the same)."""
+    """Say what new ranks went without: setup cells that failed when they replayed them, names no peer could
+    give them (they joined all the same)."""
     if group.replay_failures:
-        print("setup cells that failed on the new rank(s) (mark training cells so they are not replayed):")
+        print("the new rank(s) joined without some of their peers' state:")
         for line in group.replay_failures:
             print("  " + line)
         group.replay_failures.clear()

@@ -142,13 +142,15 @@ def test_a_rank_left_waiting_for_a_failed_peer_is_released_or_stopped_within_the
 def test_a_rank_killed_inside_the_collective_is_named_and_restart_and_rescale_recover(lgb_group):
     from raytrain_nb import WorkerError
 
-    before = _nets(lgb_group)[0]
+    quiet(lgb_group, TRAIN)
+    before, trained = _nets(lgb_group)[0], _models(lgb_group)[0]
     started = time.monotonic()
     with pytest.raises(WorkerError) as info:
         quiet(lgb_group, "lgb.train(params(), lgb.Dataset(x, label=y), num_boost_round=5, callbacks=[fail('kill')])")
     assert time.monotonic() - started < 60
     assert "the worker process of rank 1" in str(info.value)
     assert lgb_group.restart() == [1]
+    assert _models(lgb_group) == [trained, trained]  # the new rank has rank 0's booster, through the driver
     result = quiet(lgb_group, TRAIN)
     assert [v[0]["text/plain"] for v in result.values.values()] == ["(2, 3)", "(2, 3)"]
     first, second = _models(lgb_group)

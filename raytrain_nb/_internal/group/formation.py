@@ -9,6 +9,7 @@ from .. import cluster, waits
 from ..errors import GroupError, first_line
 from ..worker.actor import remote_worker_class
 from .monitor import DEFAULT_HEARTBEAT_TIMEOUT_S
+from .peer_state import copy_to_fresh
 from .ranks import assign_ranks, rank_infos
 from .slots import Slot
 from .state import SlotState
@@ -100,6 +101,8 @@ class FormationMixin:
                                                    sorted(self.rank_specific)))
         step = "_setup" if method == "setup" else "_join"
         results = await_step(list(self.slots), refs, step, self.start_timeout_s, self._heartbeat_s())
+        if method == "join" and self.backend == "none" and fresh and not anew:  # no process group carried it
+            copy_to_fresh(self, src, fresh, results)
         for rank, (slot, res) in enumerate(zip(self.slots, results)):
             if method == "setup":
                 slot.device = res["device"]

@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..backend import deferred_ddp, free_port
 from . import cell as cellmod
-from . import snapshot
+from . import peer_copy, snapshot
 from .library_state import library_env, reset_library_state
 from .replicate import sync_replicated
 from .session import TrainContext, WorkerSession, dataset_shards, set_session
@@ -94,6 +94,21 @@ class FormingWorker:
         out["rebound"] = self.pg.join(self.pg.backend, master_addr, master_port, self.rank, context["world_size"],
                                       sync=sync)
         return out
+
+    # -- a peer's state through the driver, where no torch process group carries it (peer_copy.py) -------------
+
+    def peer_inventory(self, fresh: bool) -> Dict[str, Any]:
+        """What this rank holds, for the driver to plan what new ranks get from a live peer."""
+        return self._cells.call(peer_copy.inventory, self.namespace, fresh)
+
+    def peer_pack(self, send: Sequence[str], keep: Sequence[str], plain: Sequence[str],
+                  models: Sequence[str]) -> Dict[str, Any]:
+        """On the source rank: what the new ranks need (:func:`.peer_copy.pack`)."""
+        return self._cells.call(peer_copy.pack, self.namespace, send, keep, plain, models, dataset_shards())
+
+    def peer_receive(self, packed: Dict[str, Any], keep: Sequence[str]) -> List[str]:
+        """On a new rank: load the source rank's packed state; the names received."""
+        return self._cells.call(peer_copy.receive, self.namespace, packed, keep, dataset_shards(), self._deferred_ddp)
 
     def _deferred_ddp(self, module: Any, kwargs: Dict[str, Any]) -> Any:
         wrapper = deferred_ddp(module, kwargs)

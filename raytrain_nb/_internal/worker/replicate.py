@@ -43,6 +43,11 @@ def _structure(namespace: Dict[str, Any], tracked: Tracked) -> Dict[str, str]:
     return {n: hashlib.sha1("\n".join(p).encode()).hexdigest()[:16] for n, p in parts.items()}
 
 
+def inventory(namespace: Dict[str, Any], fresh: bool) -> Dict[str, Any]:
+    """What this rank holds, as every rank tells the others before a transfer (:func:`plan_transfer`)."""
+    return _inventory(namespace, fresh)[1]
+
+
 def _inventory(namespace: Dict[str, Any], fresh: bool) -> Tuple[Tracked, Dict[str, Any]]:
     tracked = find_tracked(namespace, strict=False)  # an optimizer of an unnamed model: sync the rest
     return tracked, {

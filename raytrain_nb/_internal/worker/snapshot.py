@@ -16,6 +16,7 @@ import io
 import math
 import pickle
 import random
+import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import SnapshotError
@@ -52,11 +53,22 @@ def unwrap(module: Any) -> Any:
         "DistributedDataParallel", "DataParallel") else module
 
 
+def _torch_classes() -> Tuple[type, type, type]:
+    """torch's ``Module``, ``Optimizer`` and ``LRScheduler``; a class no object is an instance of stands in for
+    each while torch is not imported (then no object is one: an XGBoost rank never loads torch to look)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return (_NoTorch, _NoTorch, _NoTorch)
+    return (torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)
+
+
+class _NoTorch:
+    """No object is one (:func:`_torch_classes` while torch is not imported)."""
+
+
 def is_tracked_type(obj: Any) -> bool:
     """A module, optimizer, LR scheduler or grad scaler (the walk does not descend into these)."""
-    import torch  # torch: loaded on first use, not on import raytrain_nb
-
-    return isinstance(obj, (torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)) or (
+    return isinstance(obj, _torch_classes()) or (
         type(obj).__name__ == "GradScaler" and hasattr(obj, "state_dict")) or is_booster(obj) or (
         keras_models.is_keras_model(obj))
 
@@ -72,21 +84,20 @@ def find_tracked(namespace: Dict[str, Any], strict: bool = True) -> Tracked:
             (rollback would restore its momentum but not the weights); without, such optimizers
             are left out.
     """
-    import torch  # torch: loaded on first use, not on import raytrain_nb
-
+    module_class, optimizer_class, scheduler_class = _torch_classes()
     tracked = Tracked({}, {}, {}, {})
     seen_modules: Dict[int, str] = {}
     for path, obj in walk(namespace, is_tracked_type):
-        if isinstance(obj, torch.nn.Module):
+        if isinstance(obj, module_class):
             inner = unwrap(obj)
             if inner is not obj:
                 tracked.wrappers[path] = obj
             if id(inner) not in seen_modules:  # `model` and `model.module` are one module
                 seen_modules[id(inner)] = path
                 tracked.modules[path] = inner
-        elif isinstance(obj, torch.optim.Optimizer):
+        elif isinstance(obj, optimizer_class):
             tracked.optimizers[path] = obj
-        elif isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
+        elif isinstance(obj, scheduler_class):
             tracked.schedulers[path] = obj
         elif type(obj).__name__ == "GradScaler" and hasattr(obj, "state_dict"):
             tracked.scalers[path] = obj

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import sys
 import types
 from typing import Any, Dict, Iterable, List, Tuple
 
@@ -38,14 +39,13 @@ def _shared(names: Iterable[str], namespace: Dict[str, Any]) -> Iterable[Tuple[s
 def reference_tokens(namespace: Dict[str, Any], names: Iterable[str], shards: Dict[str, Any]) -> Dict[int, Token]:
     """id -> token for the objects a new rank has of its own: ``names`` (bound on every rank with the
     same structure), the objects below them and tracked objects' parameters, and the dataset shards."""
-    import torch  # torch: loaded on first use, not on import raytrain_nb
-
+    torch = sys.modules.get("torch")  # not imported: no object is a torch module
     tokens: Dict[int, Token] = {}
     for path, obj in _shared(names, namespace):
         if isinstance(obj, _BY_VALUE):
             continue
         tokens.setdefault(id(obj), ("path", path))
-        if isinstance(obj, torch.nn.Module):
+        if torch is not None and isinstance(obj, torch.nn.Module):
             inner = obj.module if _is_ddp(obj) else obj
             tokens.setdefault(id(inner), ("inner", path))
             for key, tensor in [*inner.named_parameters(), *inner.named_buffers()]:
