@@ -114,15 +114,14 @@ def test_a_rank_that_raises_inside_the_collective_ends_the_cell_on_every_rank(xg
 def test_a_rank_killed_inside_the_collective_is_named_and_restart_recovers(xgb_group):
     from raytrain_nb import WorkerError
 
-    # A cell that reports is a training cell, which new ranks do not replay: they lack what it made.
-    quiet(xgb_group, "from raytrain_nb.xgboost import RayTrainReportCallback\n"
-                     "reported = xgboost.DMatrix(x, label=y)\n"
-                     "bst = xgboost.train(params, reported, num_boost_round=3, callbacks=[RayTrainReportCallback()])\n"
+    # A cell that grew a booster is a training cell, which new ranks do not replay: they lack what it made.
+    quiet(xgb_group, "trained_on = xgboost.DMatrix(x, label=y)\n"
+                     "bst = xgboost.train(params, trained_on, num_boost_round=3)\n"
                      "rounds_done = bst.num_boosted_rounds()")
     trained = _models(xgb_group)[0]
     started = time.monotonic()
     with pytest.raises(WorkerError) as info:
-        quiet(xgb_group, "xgboost.train(params, reported, num_boost_round=5, callbacks=[Fail('kill')])")
+        quiet(xgb_group, "xgboost.train(params, trained_on, num_boost_round=5, callbacks=[Fail('kill')])")
     assert time.monotonic() - started < 60
     assert "the worker process of rank 1" in str(info.value)
     xgb_group.replay_failures.clear()
@@ -131,8 +130,8 @@ def test_a_rank_killed_inside_the_collective_is_named_and_restart_recovers(xgb_g
     # its DMatrix would be rank 0's data, so it is named, not copied.
     assert _models(xgb_group) == [trained, trained]
     assert xgb_group.pull("rounds_done", rank=None) == [3, 3]
-    assert [line for line in xgb_group.replay_failures if "'reported'" in line] == [
-        "rank(s) 1: 'reported' is rank 0's XGBoost DMatrix (its own data), not copied: build it again in the cell "
+    assert [line for line in xgb_group.replay_failures if "'trained_on'" in line] == [
+        "rank(s) 1: 'trained_on' is rank 0's XGBoost DMatrix (its own data), not copied: build it again in the cell "
         "that trains"]
     more = quiet(xgb_group, "dtrain = xgboost.DMatrix(x, label=y)\n"
                             "bst = xgboost.train(params, dtrain, num_boost_round=2, xgb_model=bst)\n"

@@ -82,3 +82,30 @@ def test_framework_checkpoints_hold_a_model_as_ray_trains_do(tmp_path):
     assert (tmp_path / "model.txt").exists() and ckpt.get_model().current_iteration() == 2
     with pytest.raises(ValueError, match="not a directory"):
         LightGBMCheckpoint.from_model(model, path=str(tmp_path / "model.txt"))
+
+
+@pytest.mark.parametrize("library", ["xgboost", "lightgbm"])
+def test_a_cell_that_grew_a_booster_trained_and_one_that_did_not_did_not(library):
+    """training_steps grows with every round a named booster gained (a new one counts whole): the group then
+    keeps the cell out of what new ranks replay."""
+    lib = pytest.importorskip(library)
+    from raytrain_nb._internal.frameworks.boosting import LIGHTGBM, XGBOOST
+
+    backend = XGBOOST if library == "xgboost" else LIGHTGBM
+    x = np.random.default_rng(0).normal(size=(100, 3))
+    if library == "xgboost":
+        def train(rounds, init=None):
+            return lib.train({"max_depth": 2}, lib.DMatrix(x, label=x.sum(axis=1)), rounds, xgb_model=init)
+    else:
+        def train(rounds, init=None):
+            return lib.train({"verbose": -1, "min_data_in_leaf": 5}, lib.Dataset(x, label=x.sum(axis=1)), rounds,
+                             init_model=init, keep_training_booster=True)
+    ns = {"x": x}
+    before = backend.training_steps(ns)
+    assert backend.training_steps(ns) == before  # nothing trained: a setup cell
+    ns["models"] = {"a": train(3)}
+    grown = backend.training_steps(ns)
+    assert grown > before
+    assert backend.training_steps(ns) == grown  # looking again is not training
+    ns["models"]["a"] = train(2, ns["models"]["a"])
+    assert backend.training_steps(ns) > grown  # more rounds, from the same model

@@ -16,11 +16,14 @@ import logging
 import os
 import sys
 import threading
+import weakref
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from ..extras import require
 from ..waits import get_within, join_within
+from ..worker.boosters import is_booster
 from ..worker.framework import STOP_AFTER_PEER_FAILURE_S, FrameworkBackend
+from ..worker.walk import walk
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +60,52 @@ def _set_network_params(params: Optional[Dict[str, Any]]) -> None:
         _network_params = params
 
 
-class XGBoostBackend(FrameworkBackend):
+def _rounds(booster: Any) -> int:
+    """The boosting rounds in ``booster`` (XGBoost: ``num_boosted_rounds``; LightGBM: ``current_iteration``)."""
+    for method in ("num_boosted_rounds", "current_iteration"):
+        if hasattr(booster, method):
+            try:
+                return int(getattr(booster, method)())
+            except Exception:  # noqa: BLE001 - a booster being torn down has not trained
+                return 0
+    return 0
+
+
+class _RoundsSeen:
+    """A count that grows by every round a booster bound to a name gained since this rank last looked (a new
+    booster counts whole): a cell during which it grew trained, so it is not a setup cell and new ranks do not
+    replay it (they get the booster from a live peer instead)."""
+
+    def __init__(self) -> None:
+        self._seen: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+        self._total = 0
+
+    def count(self, namespace: Dict[str, Any]) -> int:
+        for _, obj in walk(namespace, is_booster):
+            if not is_booster(obj):
+                continue
+            rounds = _rounds(obj)
+            try:
+                before = self._seen.get(obj, 0)
+                self._seen[obj] = rounds
+            except TypeError:  # not weakly referable: count it whole each time it is seen
+                before = 0
+            self._total += max(0, rounds - before)
+        return self._total
+
+
+#: This process's count (a worker's; the backend objects travel to the workers by pickle, so they hold none).
+_ROUNDS_SEEN = _RoundsSeen()
+
+
+class _BoostingBackend(FrameworkBackend):
+    """What XGBoost and LightGBM share: a cell that grew a booster trained."""
+
+    def training_steps(self, namespace: Dict[str, Any]) -> int:
+        return _ROUNDS_SEEN.count(namespace)
+
+
+class XGBoostBackend(_BoostingBackend):
     """``xgboost``: a tracker on the driver and the communicator on every rank, per cell."""
 
     name = "xgboost"
@@ -91,7 +139,7 @@ class XGBoostBackend(FrameworkBackend):
             yield
 
 
-class LightGBMBackend(FrameworkBackend):
+class LightGBMBackend(_BoostingBackend):
     """``lightgbm``: a free port per rank, gathered into ``get_network_params()``, per cell."""
 
     name = "lightgbm"
