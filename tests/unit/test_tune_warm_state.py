@@ -75,7 +75,8 @@ def test_a_missing_name_or_a_shape_mismatch_names_it_and_loads_nothing(tmp_path)
 
 def test_bad_arguments_are_one_line_errors(tmp_path):
     model, _ = _trained()
-    with pytest.raises(ConfigError, match=r"lr=float is not a torch module, optimizer, LR scheduler or grad scaler"):
+    with pytest.raises(ConfigError, match=r"lr=float is not a torch module, optimizer, LR scheduler, grad scaler or "
+                                          r"XGBoost / LightGBM booster"):
         save_state(str(tmp_path), model=model, lr=0.1)
     with pytest.raises(ConfigError, match=r"no objects given: name them as in the notebook"):
         save_state(str(tmp_path))
@@ -134,3 +135,29 @@ def test_a_groups_namespace_loads_a_saved_state_like_a_snapshot(tmp_path):
     wide, wide_opt = _fresh(out=2)
     with pytest.raises(SnapshotError, match=r"cannot load 'model': its structure differs from the saved one"):
         snapshot_io.load({"model": wide, "opt": wide_opt}, str(tmp_path), rank=0, action="load")
+
+
+@pytest.mark.parametrize("library", ["xgboost", "lightgbm"])
+def test_a_booster_is_saved_by_name_and_loads_into_the_trials_and_the_groups_same_object(tmp_path, library):
+    """A warm sweep of boosters: the group's booster goes into each trial's (an empty XGBoost Booster will do),
+    the trial's comes back into the group's, in place."""
+    lib = pytest.importorskip(library)
+    import numpy as np
+
+    x = np.random.default_rng(0).normal(size=(100, 3))
+    if library == "xgboost":
+        def train(rounds):
+            return lib.train({"max_depth": 2}, lib.DMatrix(x, label=x.sum(axis=1)), rounds)
+    else:
+        def train(rounds):
+            return lib.train({"verbose": -1, "min_data_in_leaf": 5}, lib.Dataset(x, label=x.sum(axis=1)), rounds)
+    trained, other = train(4), train(1)
+    predict = x if library == "lightgbm" else lib.DMatrix(x)
+    save_state(str(tmp_path / "warm"), bst=trained)
+    target = lib.Booster() if library == "xgboost" else other
+    assert load_state(str(tmp_path / "warm"), bst=target) == ["bst"]
+    assert np.allclose(target.predict(predict), trained.predict(predict))
+    group_bst = train(2)
+    namespace = {"bst": group_bst}
+    assert snapshot_io.load(namespace, str(tmp_path / "warm"), rank=0, action="load")["restored"] == ["bst"]
+    assert namespace["bst"] is group_bst and np.allclose(group_bst.predict(predict), trained.predict(predict))

@@ -19,13 +19,14 @@ from ..checkpoint.sources import as_checkpoint
 from ..errors import CheckpointError, ConfigError
 from ..group.group import WorkerGroup
 from ..worker.session import get_context
+from ..worker.boosters import load_into, model_bytes
 from ..worker.snapshot import cpu_state, kind_of, structure_problem, unwrap
 from ..worker.snapshot_io import read_replicated, state_files, write_state
 
 logger = logging.getLogger(__name__)
 
-#: The kinds of objects saved by name, as the snapshot's ``replicated.pt`` keys them.
-KINDS = ("modules", "optimizers", "schedulers", "scalers")
+#: The kinds of objects saved by name, as the snapshot's ``replicated.pt`` keys them (a booster as its model bytes).
+KINDS = ("modules", "optimizers", "schedulers", "scalers", "boosters")
 
 
 def warm_start(source: Any, name: Optional[str] = None) -> Checkpoint:
@@ -91,9 +92,9 @@ def _named(objects: Optional[Dict[str, Any]], named: Dict[str, Any], what: str) 
         if not isinstance(key, str) or not key:
             raise ConfigError(f"{what}: {key!r} is not a variable name: use the name the object has in the "
                               "notebook, e.g. 'model'")
-        if kind_of(obj) is None:
+        if kind_of(obj) not in KINDS:
             raise ConfigError(f"{what}: {key}={type(obj).__name__} is not a torch module, optimizer, LR "
-                              "scheduler or grad scaler; only those are saved by name")
+                              "scheduler, grad scaler or XGBoost / LightGBM booster; only those are saved by name")
     return merged
 
 
@@ -115,7 +116,9 @@ def load_state(checkpoint: Any, objects: Optional[Dict[str, Any]] = None, /, **n
     Args:
         checkpoint: what ``get_checkpoint()`` returned (or any path, URL or Checkpoint).
         objects: ``{name: object}`` for names that are no keywords (``{"models['G']": g}``).
-        named: ``name=object`` for each torch module, optimizer, LR scheduler or grad scaler.
+        named: ``name=object`` for each torch module, optimizer, LR scheduler, grad scaler or booster
+            (XGBoost / LightGBM: the saved model is loaded into that booster, e.g. an empty
+            ``xgboost.Booster()``).
 
     Returns:
         The names loaded.
@@ -123,7 +126,7 @@ def load_state(checkpoint: Any, objects: Optional[Dict[str, Any]] = None, /, **n
     Raises:
         CheckpointError: no checkpoint, one without named state, a name it does not hold, or a
             shape that differs (naming it); nothing is loaded then.
-        ConfigError: an object that is not a module, optimizer, scheduler or grad scaler.
+        ConfigError: an object that is not a module, optimizer, scheduler, grad scaler or booster.
 
     Example::
 
@@ -151,7 +154,10 @@ def load_state(checkpoint: Any, objects: Optional[Dict[str, Any]] = None, /, **n
         plan.append((obj, kind, state))
     with torch.no_grad():
         for obj, kind, state in plan:
-            (unwrap(obj) if kind == "modules" else obj).load_state_dict(state)
+            if kind == "boosters":
+                load_into(obj, state)  # the same booster object: references to it stay valid
+            else:
+                (unwrap(obj) if kind == "modules" else obj).load_state_dict(state)
     logger.debug("load_state: loaded %s from %s", ", ".join(objs), ckpt.url)
     return list(objs)
 
@@ -169,13 +175,14 @@ def save_state(directory: Any, objects: Optional[Dict[str, Any]] = None, /, **na
     Args:
         directory: a local directory (e.g. a ``tempfile.TemporaryDirectory()``) or an fsspec URL.
         objects: ``{name: object}`` for names that are no keywords.
-        named: ``name=object`` for each torch module, optimizer, LR scheduler or grad scaler.
+        named: ``name=object`` for each torch module, optimizer, LR scheduler, grad scaler or booster
+            (saved as its model bytes, as a snapshot saves it).
 
     Returns:
         ``Checkpoint.from_directory(directory)`` on rank 0 (or outside a worker), else None.
 
     Raises:
-        ConfigError: an object that is not a module, optimizer, scheduler or grad scaler.
+        ConfigError: an object that is not a module, optimizer, scheduler, grad scaler or booster.
 
     Example::
 
@@ -193,7 +200,8 @@ def save_state(directory: Any, objects: Optional[Dict[str, Any]] = None, /, **na
     replicated: Dict[str, Dict[str, Any]] = {kind: {} for kind in KINDS}
     for key, obj in objs.items():
         kind = kind_of(obj)
-        replicated[kind][key] = cpu_state((unwrap(obj) if kind == "modules" else obj).state_dict())
+        replicated[kind][key] = model_bytes(obj) if kind == "boosters" else cpu_state(
+            (unwrap(obj) if kind == "modules" else obj).state_dict())
     ckpt = Checkpoint.from_directory(directory)
     write_state(ckpt.url, replicated, world_size)
     return ckpt
