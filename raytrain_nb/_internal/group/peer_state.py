@@ -35,12 +35,11 @@ def copy_to_fresh(group: "WorkerGroup", src: int, fresh: Sequence[int], results:
     slots = group.slots
     stock = group._get([s.actor.peer_inventory.remote(r in fresh) for r, s in enumerate(slots)],
                        group.start_timeout_s, "take stock of their state in")
-    rank_specific = sorted(group.rank_specific)
-    send, keep, cannot = plan_transfer(stock, src, rank_specific)
+    send, keep, cannot = plan_transfer(stock, src, sorted(group.rank_specific))
     handles: Dict[str, str] = stock[src]["handles"]
     rebuild = sorted(n for n in send if n in handles)
     send = [n for n in send if n not in handles]
-    plain = [n for n in stock[src]["plain"] if n not in set(rank_specific)]
+    plain = [n for n in stock[src]["plain"] if n not in group.rank_specific]
     kept = set(keep)
     models = [p for p in stock[src]["boosters"]
               if top_name(p) in kept and all(p in stock[r]["boosters"] for r in fresh)]

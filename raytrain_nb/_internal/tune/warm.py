@@ -18,8 +18,8 @@ from ..checkpoint.checkpoint import Checkpoint
 from ..checkpoint.sources import as_checkpoint
 from ..errors import CheckpointError, ConfigError
 from ..group.group import WorkerGroup
-from ..worker.session import get_context
 from ..worker.boosters import load_into, model_bytes
+from ..worker.session import get_context
 from ..worker.snapshot import cpu_state, kind_of, structure_problem, unwrap
 from ..worker.snapshot_io import read_replicated, state_files, write_state
 

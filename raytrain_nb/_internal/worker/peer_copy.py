@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Sequence
 from . import boosters, transfer
 from .replicate import inventory as replicated_inventory
 from .snapshot import find_tracked
+from .walk import top_name
 
 #: Classes (module.qualname) whose objects hold one rank's data inside a library: a peer's copy is wrong.
 DATA_HANDLES = {
@@ -67,4 +68,4 @@ def receive(namespace: Dict[str, Any], packed: Dict[str, Any], keep: Sequence[st
     held = find_tracked(namespace, strict=False).boosters
     for path, data in packed["models"].items():
         boosters.load_into(held[path], data)
-    return sorted(set(received) | set(packed["plain"]) | {p for p in packed["models"] if p in namespace})
+    return sorted(set(received) | set(packed["plain"]) | {top_name(p) for p in packed["models"]})
