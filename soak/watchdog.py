@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, List, Optional
 #: the library's message: a failure of one of these, with a message, is a *named* failure.
 NAMED_KERNEL_ERRORS = frozenset({
     "RaytrainNbError", "GroupError", "TransitionError", "ResourceError", "WorkerDiedError", "InterruptTimeout",
+    "WorkerLostError", "WorkerUnresponsiveError",
     "StorageError", "CheckpointError", "RunInUseError", "ConfigError", "SnapshotError", "TrainingFailedError",
     "WorkerError", "RecoveryError", "UsageError",
 })

@@ -24,7 +24,6 @@ _COLLECTIVE_MARKERS = (
 )
 
 _MAX_TRACEBACK_LINES = 60
-_DEATHS = ("WorkerDiedError", "WorkerUnresponsiveError")
 
 
 class RaytrainNbError(Exception):
@@ -48,8 +47,41 @@ class ResourceError(GroupError):
     """The cluster cannot place what was asked."""
 
 
-class WorkerDiedError(RaytrainNbError):
-    """One or more worker processes died."""
+class WorkerLostError(GroupError):
+    """A rank's worker is lost: its process died (:class:`WorkerDiedError`) or it stopped answering
+    (:class:`WorkerUnresponsiveError`). Catch this class for either.
+
+    Attributes:
+        rank: the world rank (or the position asked, for a worker not yet given one).
+        cause: Ray's account of the death, or how long it has been silent.
+        pid: the worker's process id, when known.
+        node: the worker's node IP, when known.
+    """
+
+    verb = "is lost"
+
+    def __init__(self, rank: int, cause: str, pid: Optional[int] = None, node: str = "") -> None:
+        self.rank, self.cause, self.pid, self.node = rank, cause, pid, node
+        super().__init__(f"the worker process of rank {rank} (pid {pid}, node {node or None}) {self.verb}: {cause}")
+
+    def __reduce__(self):
+        return (type(self), (self.rank, self.cause, self.pid, self.node))
+
+
+class WorkerDiedError(WorkerLostError):
+    """A rank's worker process died (killed, out of memory, its node lost)."""
+
+    verb = "died"
+
+
+class WorkerUnresponsiveError(WorkerLostError):
+    """A rank's worker stopped answering (stopped, or blocked in C code holding the GIL)."""
+
+    verb = "stopped responding"
+
+
+#: Both kinds of a lost worker.
+DEATHS = (WorkerDiedError, WorkerUnresponsiveError)
 
 
 class InterruptTimeout(RaytrainNbError):
@@ -115,6 +147,7 @@ class RankFailure:
         collateral: True when the error is a collective that failed because a
             peer left (shown only if no rank has a primary error).
         node: the node id or IP of the worker, when known.
+        lost: the rank's worker died or stopped answering: the typed death (built on the driver).
     """
 
     rank: int
@@ -123,6 +156,13 @@ class RankFailure:
     traceback: str = ""
     collateral: bool = False
     node: str = ""
+    lost: Optional[WorkerLostError] = None
+
+    @classmethod
+    def of_lost(cls, error: WorkerLostError) -> "RankFailure":
+        """The failure of a rank whose worker died or stopped answering."""
+        name = type(error).__name__
+        return cls(error.rank, name, str(error), f"{name}: {error}", node=error.node, lost=error)
 
     def key(self) -> Tuple[str, str, str]:
         return (self.type_name, self.message, self.traceback)
@@ -186,6 +226,11 @@ class WorkerError(RaytrainNbError):
         return sorted(r for ranks, _ in merge_failures(self.failures) for r in ranks)
 
     @property
+    def deaths(self) -> List[WorkerLostError]:
+        """The ranks whose worker died or stopped answering, as typed errors."""
+        return [f.lost for f in self.failures if f.lost is not None]
+
+    @property
     def type_names(self) -> List[str]:
         return [f.type_name for _, f in merge_failures(self.failures)]
 
@@ -204,7 +249,7 @@ class WorkerError(RaytrainNbError):
                 header += f" on node {f.node}"
             body = cut_lines(f.traceback) if f.traceback else f"{f.type_name}: {f.message}"
             out.append(f"{header}\n{body}")
-        if any(f.type_name in _DEATHS for f in self.failures):
+        if self.deaths:
             out.append("Recover with %dist_restart (replace the dead ranks; state copied from a live peer), "
                        "%dist_rescale N (continue with N workers), or %dist_rollback (load a snapshot); "
                        "in Python: group.restart(), group.rescale(n), group.rollback().")

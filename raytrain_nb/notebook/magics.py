@@ -16,6 +16,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from .._internal.errors import GroupError
 from .._internal.group.group import WorkerGroup, active_group
+from .._internal.group.kinds import backend_names
 from .._internal.group.state import GroupState
 from .._internal.group.tables import format_status
 from . import cells, ui
@@ -38,7 +39,7 @@ class DistributedMagics(Magics):
     @argument("--workers", "-n", type=int, default=None, help="number of workers (first cell; default 2)")
     @argument("--gpus", type=float, default=None, help="GPUs per worker (first cell; default 0)")
     @argument("--cpus", type=float, default=None, help="CPUs per worker (first cell; default 1)")
-    @argument("--backend", choices=["gloo", "nccl", "none", "xgboost", "lightgbm", "tensorflow"], default=None,
+    @argument("--backend", choices=list(backend_names()), default=None,
               help="torch.distributed backend, or a framework's own collective (xgboost, lightgbm, tensorflow) "
                    "(first cell; default nccl with GPUs, gloo without)")
     @argument("--address", default=None, help="Ray cluster address (first cell; default RAY_ADDRESS or a local instance)")

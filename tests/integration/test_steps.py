@@ -35,8 +35,41 @@ class FakeRank:
         finally:
             self.current = None
 
+    def _preload_then_join(self, checks):
+        """A worker still importing torch when the step is sent (a busy machine): its step waits behind the
+        preload, which ends after the driver asked ``checks`` times what it does."""
+        self.current, self.checks = "_preload", checks
+        self.gate = threading.Event()
+        try:
+            if not self.gate.wait(120):
+                return "preload never ended"
+            self.current = "_join"
+            self.preloaded = True
+            return "joined"
+        finally:
+            self.current = None
+
+    def _join_with(self, peer):
+        """In the step until ``peer`` is in it too (a collective)."""
+        self.current = "_join"
+        try:
+            for _ in range(2400):
+                if ray.get(peer.past_preload.remote(), timeout=10):
+                    return "joined"
+                self.released.wait(0.05)
+            return "peer never came"
+        finally:
+            self.current = None
+
+    def past_preload(self):
+        return getattr(self, "preloaded", False)
+
     def activity(self):
-        return {"call": self.current, "phase": ""}
+        if self.current == "_preload":
+            self.checks -= 1
+            if self.checks <= 0:
+                self.gate.set()
+        return {"call": self.current, "phase": "", "preparing": self.current == "_preload"}
 
     def release(self):
         self.released.set()
@@ -93,3 +126,20 @@ def test_a_step_every_rank_finishes_returns_their_answers(ray_session):
     ranks = [FakeRank.remote(), FakeRank.remote()]
     refs = [r._join.remote(False) for r in ranks]
     assert await_step(slots_of(ranks), refs, "_join", deadline_s=30, silent_s=30) == ["joined", "joined"]
+
+
+def test_a_rank_still_starting_is_waited_for_not_called_a_protocol_error(ray_session):
+    """On a loaded machine a rank may still be importing torch when the group's first rendezvous begins: its
+    step is on its way. It used to be named "running _preload, not in the step (a protocol error)" after
+    ``STEP_GRACE_S``; its preload here lasts well past that (ten checks of what it does)."""
+    ranks = [FakeRank.remote(), FakeRank.remote()]
+    refs = [ranks[0]._join_with.remote(ranks[1]), ranks[1]._preload_then_join.remote(10)]
+    assert await_step(slots_of(ranks), refs, "_join", deadline_s=120, silent_s=30) == ["joined", "joined"]
+
+
+def test_a_rank_still_starting_at_the_deadline_is_named_as_starting(ray_session):
+    ranks = [FakeRank.remote(), FakeRank.remote()]
+    refs = [ranks[0]._join.remote(True), ranks[1]._preload_then_join.remote(10_000)]
+    with pytest.raises(GroupError, match=r"within 8 s: rank\(s\) 1 still starting \(importing torch"):
+        await_step(slots_of(ranks), refs, "_join", deadline_s=STEP_GRACE_S + 3, silent_s=30)
+    ray.get(ranks[1].release.remote(), timeout=10)

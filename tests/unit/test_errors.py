@@ -57,3 +57,23 @@ def test_long_tracebacks_are_cut_with_a_pointer():
 
 def test_format_ranks():
     assert format_ranks([2, 0]) == "rank 0, 2"
+
+
+def test_deaths_are_typed_group_errors_that_pickle_and_read_by_type():
+    from raytrain_nb._internal.errors import (DEATHS, GroupError, WorkerDiedError, WorkerLostError,
+                                              WorkerUnresponsiveError)
+
+    died = WorkerDiedError(1, "SIGKILL", pid=42, node="10.0.0.2")
+    silent = WorkerUnresponsiveError(2, "has not answered for 20 s", pid=43)
+    assert str(died) == "the worker process of rank 1 (pid 42, node 10.0.0.2) died: SIGKILL"
+    assert str(silent) == "the worker process of rank 2 (pid 43, node None) stopped responding: has not answered for 20 s"
+    for err in (died, silent):
+        assert isinstance(err, GroupError) and isinstance(err, WorkerLostError) and isinstance(err, DEATHS)
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and (back.rank, back.cause, back.pid, back.node) == \
+            (err.rank, err.cause, err.pid, err.node)
+    err = WorkerError([RankFailure.of_lost(died), RankFailure(0, "ValueError", "boom"), RankFailure.of_lost(silent)])
+    assert [d.rank for d in pickle.loads(pickle.dumps(err)).deaths] == [1, 2]
+    assert "Recover with %dist_restart" in err.render()
+    assert not WorkerError([RankFailure(0, "WorkerDiedError", "a user's own class of that name")]).deaths
+    assert "Recover with" not in WorkerError([RankFailure(0, "ValueError", "boom")]).render()

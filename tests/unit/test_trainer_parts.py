@@ -9,7 +9,7 @@ import types
 import pytest
 
 from raytrain_nb import Result, ScalingConfig
-from raytrain_nb._internal.errors import RankFailure, ResourceError, WorkerError
+from raytrain_nb._internal.errors import RankFailure, ResourceError, WorkerDiedError, WorkerError
 from raytrain_nb._internal.group import placement
 from raytrain_nb._internal.group.slots import Slot, SlotTable
 from raytrain_nb._internal.group.state import SlotState
@@ -38,7 +38,7 @@ class FakeGroup:
 
 
 def _died(rank):
-    return RankFailure(rank, "WorkerDiedError", f"the worker process of rank {rank} died")
+    return RankFailure.of_lost(WorkerDiedError(rank, "SIGKILL", pid=100 + rank, node="127.0.0.1"))
 
 
 @pytest.fixture
@@ -74,13 +74,13 @@ def test_decisions(no_wait, monkeypatch):
 def test_retire_lets_ray_record_deaths_before_killing(monkeypatch):
     # until Ray records a worker on a lost node as dead, the node's bundles still look placed; our own
     # kill would be recorded at once and hide that: so wait for the dead ones first, then kill them all
-    from raytrain_nb._internal.group import recovery
+    from raytrain_nb._internal.group import retiring
 
     calls = []
-    monkeypatch.setattr(recovery, "await_recorded_deaths", lambda actors: calls.append(("await", list(actors))))
-    monkeypatch.setattr(recovery, "_kill", lambda slot: calls.append(("kill", slot.actor)))
+    monkeypatch.setattr(retiring, "await_recorded_deaths", lambda actors: calls.append(("await", list(actors))))
+    monkeypatch.setattr(retiring, "kill_worker", lambda slot: calls.append(("kill", slot.actor)))
     slots = [types.SimpleNamespace(state=s, actor=f"a{i}") for i, s in enumerate(["dead", "unresponsive", "idle"])]
-    recovery.retire(slots)
+    retiring.retire(slots)
     assert calls == [("await", ["a0"]), ("kill", "a0"), ("kill", "a1"), ("kill", "a2")]
 
 

@@ -6,7 +6,7 @@ from typing import Dict, Optional
 
 from ..errors import GroupError
 from ..validate import BACKENDS, PLACEMENT_STRATEGIES, check_number  # noqa: F401 - BACKENDS re-exported
-from ..worker import framework as frameworks
+from .kinds import GroupKind, backend_names, kind_for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,25 +43,27 @@ class GroupConfig:
         if self.placement_strategy not in PLACEMENT_STRATEGIES:
             raise GroupError(f"placement_strategy={self.placement_strategy!r} is unknown: use one of "
                              f"{', '.join(PLACEMENT_STRATEGIES)}")
-        if self.backend is not None and self.backend not in BACKENDS + frameworks.names():
-            raise GroupError(f"backend={self.backend!r} is unknown: use one of "
-                             f"{', '.join(BACKENDS + frameworks.names())}")
-        if self.backend == "nccl" and not self.gpus_per_worker:
+        if self.backend is not None and self.backend not in backend_names():
+            raise GroupError(f"backend={self.backend!r} is unknown: use one of {', '.join(backend_names())}")
+        if self.backend is not None and self.kind.needs_gpus and not self.gpus_per_worker:
             raise GroupError("backend='nccl' needs GPUs: add --gpus 1, or use --backend gloo on CPUs")
 
     @property
+    def kind(self) -> GroupKind:
+        """The kind of group this config asks for (``group/kinds.py``); a group takes it once, when made."""
+        return kind_for(self.backend, self.gpus_per_worker)
+
+    @property
     def resolved_backend(self) -> str:
-        """The backend used: ``nccl`` with GPUs, ``gloo`` otherwise, unless set."""
-        if self.framework is not None:  # XGBoost, LightGBM...: their own collective, no torch process group
-            return "none"
-        if self.backend is not None:
-            return self.backend
-        return "nccl" if self.gpus_per_worker else "gloo"
+        """The torch backend used: ``nccl`` with GPUs, ``gloo`` otherwise, unless set (``none`` for a framework's
+        own collective: XGBoost, LightGBM...)."""
+        return self.kind.torch_backend
 
     @property
     def framework(self) -> Optional[str]:
         """The framework backend (``xgboost``, ``lightgbm``...; ``worker/framework.py``), or None for torch."""
-        return self.backend if self.backend in frameworks.names() else None
+        framework = self.kind.framework
+        return framework.name if framework is not None else None
 
     def bundle(self) -> Dict[str, float]:
         """Resources of one worker's placement-group bundle."""

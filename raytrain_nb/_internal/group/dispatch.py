@@ -15,23 +15,17 @@ from typing import Any, Dict, List, Sequence, Set
 
 from ..errors import RankFailure
 from ..output import OutputSink, route
-from ..waits import wait_within
-from ..worker import framework as frameworks
 from ..worker.outcome import CellOutcome
 from . import timing
-from .monitor import death_cause
+from .fanout import FANOUT, Replies, ReplyKind, classify, death_of
 from .slots import Slot
 from .state import SlotState
 
 logger = logging.getLogger(__name__)
 
 
-def _died(rank: int, slot: Slot, cause: str, kind: str = "WorkerDiedError") -> CellOutcome:
-    info = slot.info
-    verb = "died" if kind == "WorkerDiedError" else "stopped responding"
-    message = f"the worker process of rank {rank} (pid {info.get('pid')}, node {info.get('node_ip')}) {verb}: {cause}"
-    failure = RankFailure(rank, kind, message, f"{kind}: {message}", node=str(info.get("node_ip", "")))
-    return CellOutcome.died(rank, failure)
+def _died(rank: int, slot: Slot, cause: str, unresponsive: bool = False) -> CellOutcome:
+    return CellOutcome.died(rank, RankFailure.of_lost(death_of(rank, slot, cause, unresponsive)))
 
 
 class Dispatch:
@@ -50,9 +44,8 @@ class Dispatch:
         self._stuck_deadline = 0.0
         self._released_at = 0.0  # when the first rank was released after a peer failed
         self._peers_released = False
-        backend = frameworks.find(getattr(getattr(group, "config", None), "framework", None))
         # a framework backend's collective (C++) cannot be released: ranks left in it are stopped after this long
-        self._stop_after_s = backend.stop_after_peer_failure_s if backend is not None else None
+        self._stop_after_s = group.kind.stop_after_peer_failure_s
 
     def collect(self) -> Dict[int, CellOutcome]:
         while True:
@@ -80,10 +73,12 @@ class Dispatch:
             rank = self.pending[ref]
             try:
                 res = ray.get(ref, timeout=timing.CONTROL_CALL_S)  # ready: it only fetches the result
-            except ray.exceptions.RayActorError as exc:
-                cause = death_cause(exc)
-                self.group.mark_dead(self._slot(rank).actor, cause)
-                res = _died(rank, self._slot(rank), cause)
+            except Exception as exc:  # noqa: BLE001 - run_cell catches the user's errors: this is a death
+                kind, error = classify(exc, rank, self._slot(rank))
+                if kind is not ReplyKind.DIED:
+                    raise
+                self.group.mark_dead(self._slot(rank).actor, error.cause)
+                res = CellOutcome.died(rank, RankFailure.of_lost(error))
             del self.pending[ref]
             self.results[rank] = res
             self._emit(rank, res.outputs, res.metrics)
@@ -114,7 +109,7 @@ class Dispatch:
                 except Exception:  # noqa: BLE001
                     pass
                 del self.pending[ref]
-                self.results[rank] = _died(rank, slot, cause, "WorkerUnresponsiveError")
+                self.results[rank] = _died(rank, slot, cause, unresponsive=True)
                 self.group.mark_dead(slot.actor, cause)
             elif slot.state == SlotState.DEAD:
                 del self.pending[ref]
@@ -125,11 +120,12 @@ class Dispatch:
         if metrics:
             self.group.record_metrics(metrics)
 
-    def _release(self, ranks: List[int]) -> None:
-        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
+    def _ask(self, ranks: Sequence[int], call: Any, deadline_s: float, what: str) -> Replies:
+        return FANOUT.ask([self._slot(r) for r in ranks], call, deadline_s, what, ranks=ranks)
 
-        refs = [self._slot(r).actor.release.remote() for r in ranks]
-        ray.wait(refs, num_returns=len(refs), timeout=timing.CONTROL_CALL_S)
+    def _release(self, ranks: List[int]) -> None:
+        self._ask(ranks, lambda s: s.actor.release.remote(), timing.CONTROL_CALL_S,
+                  "the ranks left in a collective to be released")
         self.released.update(ranks)
         self._released_at = self._released_at or time.monotonic()
 
@@ -150,7 +146,7 @@ class Dispatch:
         for ref, rank in list(self.pending.items()):
             slot = self._slot(rank)
             cause = (f"stopped by raytrain_nb: still running {self._stop_after_s:g} s after rank(s) "
-                     f"{', '.join(map(str, failed))} failed, inside the {self.group.config.framework} collective "
+                     f"{', '.join(map(str, failed))} failed, inside the {self.group.kind.name} collective "
                      "(its state is lost: %dist_restart replaces it)")
             try:
                 ray.kill(slot.actor, no_restart=True)
@@ -161,43 +157,31 @@ class Dispatch:
             self.group.mark_dead(slot.actor, cause)
 
     def _poll(self) -> None:
-        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
-
-        running = list(self.pending.values())
-        refs = {self._slot(r).actor.poll.remote(): r for r in running}
-        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timing.CONTROL_CALL_S)
-        for ref in ready:
-            try:
-                polled = ray.get(ref, timeout=timing.CONTROL_CALL_S)
-            except ray.exceptions.RayActorError:
-                continue  # its run result reports the death
-            self._emit(refs[ref], polled["outputs"], polled["metrics"])
+        replies = self._ask(list(self.pending.values()), lambda s: s.actor.poll.remote(), timing.CONTROL_CALL_S,
+                            "the running ranks' output")
+        for rank, polled in replies.values().items():  # a dead rank's run result reports its death
+            self._emit(rank, polled["outputs"], polled["metrics"])
 
     def _interrupt(self) -> None:
-        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
-
-        ranks = sorted(self.pending.values())
-        refs = [self._slot(r).actor.interrupt.remote() for r in ranks]
-        ray.wait(refs, num_returns=len(refs), timeout=timing.INTERRUPT_WAIT_S)
+        self._ask(sorted(self.pending.values()), lambda s: s.actor.interrupt.remote(), timing.INTERRUPT_WAIT_S,
+                  "the running ranks to take the interrupt")
         self._stuck_deadline = time.monotonic() + timing.INTERRUPT_WAIT_S
 
     def _check_stuck(self) -> None:
-        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
-
         if not self._stuck_deadline or time.monotonic() < self._stuck_deadline or not self.pending:
             return
         self._stuck_deadline = 0.0
-        ranks = sorted(self.pending.values())
-        refs = [self._slot(rank).actor.stack.remote() for rank in ranks]  # every rank at once, one deadline
-        late = set(wait_within(refs, timing.CONTROL_CALL_S, "the stacks of the ranks that did not stop", logger)[1])
+        replies = self._ask(sorted(self.pending.values()), lambda s: s.actor.stack.remote(), timing.CONTROL_CALL_S,
+                            "the stacks of the ranks that did not stop")
         lines = []
-        for rank, ref in zip(ranks, refs):
-            try:
-                stack = f"(stack unavailable: no answer within {timing.CONTROL_CALL_S:g} s)" if ref in late \
-                    else ray.get(ref, timeout=timing.CONTROL_CALL_S)  # ready: it only fetches the answer
-            except Exception as exc:  # noqa: BLE001
-                stack = f"(stack unavailable: {exc})"
-            lines.append(f"rank {rank} did not stop after the interrupt; it is at:\n{stack.rstrip()}")
+        for reply in replies:
+            if reply.ok:
+                stack = reply.value
+            elif reply.kind is ReplyKind.LATE:
+                stack = f"(stack unavailable: no answer within {timing.CONTROL_CALL_S:g} s)"
+            else:
+                stack = f"(stack unavailable: {reply.error})"
+            lines.append(f"rank {reply.rank} did not stop after the interrupt; it is at:\n{stack.rstrip()}")
         lines.append("Interrupt again to replace the stuck rank(s) with fresh workers (their variables are lost).")
         self.sink.notice("\n".join(lines))
 

@@ -11,13 +11,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..errors import GroupError, RankFailure, WorkerError
 from ..output import OUTPUT_MODES, OutputSink, TextSink
-from ..waits import FETCH_S, wait_within
-from ..worker import framework as frameworks
 from ..worker.cell import format_user_traceback, needs_ipython
 from ..worker.outcome import CellOutcome
 from . import timing
 from .background import BackgroundRun
 from .dispatch import Dispatch
+from .fanout import FANOUT, ReplyKind
 from .recovery import ON_FAILURE, recover_and_retry
 from .slots import Slot
 from .state import GroupState, SlotState
@@ -164,13 +163,9 @@ class ExecutionMixin:
     @contextlib.contextmanager
     def _framework_cell(self, targets: List[int]) -> Any:
         """Yields per target ``(backend, spec)`` for the worker, or None each without a framework backend."""
-        backend = frameworks.find(getattr(self.config, "framework", None))
-        if backend is None:
-            yield [None] * len(targets)
-            return
         local = len({s.info.get("node_id") for s in self.slots}) == 1
-        with backend.driver_cell([self.slots[r] for r in targets], local) as specs:
-            yield [(backend, spec) for spec in specs]
+        with self.kind.driver_cell(list(self.slots), targets, local) as specs:
+            yield specs
 
     def _finish(self, run: Dispatch, results: Dict[int, CellOutcome], sink: OutputSink, mode: str,
                 shown: Sequence[int]) -> Dict[int, CellOutcome]:
@@ -184,7 +179,7 @@ class ExecutionMixin:
         dead = [r for r, res in results.items() if res.dead]
         broken = run.released or any(res.pg_broken or res.interrupted for res in results.values())
         replaced = any(res.replaced for res in results.values())
-        if not dead and not replaced and broken and self.backend != "none":
+        if not dead and not replaced and broken and self.kind.process_group:
             self._reform()
         if failures:
             released = sorted(r for r, res in results.items() if res.failure is not None and res.failure.collateral)
@@ -259,38 +254,26 @@ class ExecutionMixin:
             GroupError: the name is not defined on a rank, or a rank is dead or did not answer within
                 ``timing.PULL_S`` (every rank is asked at once: a stopped rank costs one deadline).
         """
-        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
-
         if self.state is GroupState.SHUTDOWN:
             self._check_not_running()
         targets = self._targets(None if rank is None else [rank])
-        refs = [self.slots[r].actor.pull.remote(name) for r in targets]  # every rank at once, one deadline
-        late = set(wait_within(refs, timing.PULL_S, f"{name!r} from rank(s) {', '.join(map(str, targets))}",
-                               logger)[1])
-        values, missing, other = [], [], []
-        for r, ref in zip(targets, refs):
-            if ref in late:
-                continue
-            try:
-                values.append(ray.get(ref, timeout=FETCH_S))  # ready: it only copies the value in
-            except ray.exceptions.RayActorError as exc:
-                other.append((r, exc))
-            except ray.exceptions.RayTaskError as exc:
-                cause = exc.cause if getattr(exc, "cause", None) is not None else exc
-                (missing if isinstance(cause, NameError) else other).append((r, cause))
+        replies = FANOUT.ask([self.slots[r] for r in targets], lambda s: s.actor.pull.remote(name), timing.PULL_S,
+                             f"{name!r} from rank(s) {', '.join(map(str, targets))}", ranks=targets)
+        late = replies.ranks(ReplyKind.LATE)
         if late:
-            ranks = ", ".join(str(r) for r, ref in zip(targets, refs) if ref in late)
-            raise GroupError(f"cannot pull {name!r}: rank(s) {ranks} did not answer within {timing.PULL_S:g} s "
-                             "(stopped, or busy in C code holding the GIL): %dist_status shows them, "
-                             "%dist_restart replaces stopped ranks")
+            raise GroupError(f"cannot pull {name!r}: rank(s) {', '.join(map(str, late))} did not answer within "
+                             f"{timing.PULL_S:g} s (stopped, or busy in C code holding the GIL): %dist_status shows "
+                             "them, %dist_restart replaces stopped ranks")
+        missing = [r.rank for r in replies.of(ReplyKind.RAISED) if isinstance(r.error, NameError)]
         if missing:
-            ranks = ", ".join(str(r) for r, _ in missing)
-            raise GroupError(f"name {name!r} is not defined on rank {ranks}: run the cell that defines it, "
-                             "or check the spelling")
+            raise GroupError(f"name {name!r} is not defined on rank {', '.join(map(str, missing))}: run the cell "
+                             "that defines it, or check the spelling")
+        other = [r for r in replies if not r.ok]
         if other:
-            r, cause = other[0]
-            raise GroupError(f"cannot pull {name!r} from rank {r}: {type(cause).__name__}: "
+            cause = other[0].error
+            raise GroupError(f"cannot pull {name!r} from rank {other[0].rank}: {type(cause).__name__}: "
                              f"{str(cause).splitlines()[0] if str(cause) else ''}")
+        values = [r.value for r in replies]
         return values if rank is None else values[0]
 
     def reload(self, module: str) -> List[str]:

@@ -5,11 +5,11 @@ import logging
 import os
 from typing import Any, Dict, List, Sequence
 
-from .. import cluster, waits
-from ..errors import GroupError, first_line
+from .. import cluster
+from ..errors import GroupError
 from ..worker.actor import remote_worker_class
+from .fanout import collect
 from .monitor import DEFAULT_HEARTBEAT_TIMEOUT_S
-from .peer_state import copy_to_fresh
 from .ranks import assign_ranks, rank_infos
 from .slots import Slot
 from .state import SlotState
@@ -45,9 +45,8 @@ class FormationMixin:
         )
         shipped = cluster.shipped_working_dir()  # then Ray runs workers in a copy of the folder
         cwd = None if shipped else os.getcwd()
-        preload = ("torch", "torch.distributed") if self.backend != "none" else ()
         actor = remote_worker_class().options(**opts).remote(cwd=cwd, sys_path=[] if shipped else [os.getcwd()],
-                                                             preload=preload)
+                                                             preload=self.kind.preload)
         return Slot(actor=actor, pg=pg, bundle=bundle, info={})
 
     def _describe(self, slots: List[Slot]) -> None:
@@ -89,7 +88,7 @@ class FormationMixin:
         local = len({s.info["node_id"] for s in self.slots}) == 1
         addr = LOOPBACK if local else master.info["node_ip"]
         port = 0
-        if self.backend != "none":
+        if self.kind.process_group:
             port = self._get([master.actor.open_store.remote(addr, len(self.slots))], CONTROL_START_S, "start")[0]
         refs = []
         for rank, (slot, info) in enumerate(zip(self.slots, infos)):
@@ -101,41 +100,38 @@ class FormationMixin:
                                                    sorted(self.rank_specific)))
         step = "_setup" if method == "setup" else "_join"
         results = await_step(list(self.slots), refs, step, self.start_timeout_s, self._heartbeat_s())
-        if method == "join" and self.backend == "none" and fresh and not anew:  # no process group carried it
-            copy_to_fresh(self, src, fresh, results)
-        for rank, (slot, res) in enumerate(zip(self.slots, results)):
+        self._note_missing(results)
+        for slot, res in zip(self.slots, results):
             if method == "setup":
                 slot.device = res["device"]
+            slot.mark(SlotState.IDLE)
+            slot.joined = True
+        return results
+
+    def _note_missing(self, results: List[Any]) -> None:
+        """Say which names each rank could not get from its peer (``results[r]["missing"]``, from joining or
+        from the driver's copy): they differ across ranks and no cell that made them is replayed."""
+        for rank, res in enumerate(results):
             for name in res.get("missing", []) if isinstance(res, dict) else []:
                 line = f"rank {rank}: {name!r} was made in a cell that is not replayed and differs across " \
                        "ranks, so no peer's copy is right; mark that cell --setup if new ranks need it"
                 logger.warning("%s", line)
                 self.replay_failures.append(line)
-            slot.mark(SlotState.IDLE)
-            slot.joined = True
-        return results
 
     def _heartbeat_s(self) -> float:
         monitor = getattr(self, "_monitor", None)
         return monitor.heartbeat_timeout_s if monitor is not None else DEFAULT_HEARTBEAT_TIMEOUT_S
 
     def _get(self, refs: List[Any], timeout: float, what: str) -> List[Any]:
-        """Every rank's answer to ``refs`` within ``timeout`` (saying what it waits for after 5 s).
+        """Every rank's answer to ``refs`` (one call per slot of the group, in rank order, or of the workers
+        being started) within ``timeout`` (saying what it waits for after 5 s).
 
         Raises:
-            GroupError: a rank did not answer in time, died, or raised; one line naming what.
+            WorkerDiedError: a worker died (naming its rank, pid, node and Ray's cause).
+            GroupError: a rank did not answer in time, or raised; one line naming what.
         """
-        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
-
-        try:
-            return waits.get_within(refs, timeout, f"the workers to {what} the group", log=logger,
-                                    hint="raise start_timeout_s or check `ray status`")
-        except ray.exceptions.RayActorError as exc:
-            raise GroupError(f"a worker died while trying to {what} the group: {first_line(exc)}") from None
-        except ray.exceptions.RayTaskError as exc:
-            cause = getattr(exc, "cause", None) or exc
-            raise GroupError(f"the workers could not {what} the group: {type(cause).__name__}: "
-                             f"{first_line(cause)}") from None
+        return collect(refs, timeout, f"the workers to {what} the group", self.slots,
+                       hint="raise start_timeout_s or check `ray status`")
 
     def _reform(self) -> None:
         self._rendezvous("join")

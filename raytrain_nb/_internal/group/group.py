@@ -86,7 +86,8 @@ class WorkerGroup(FormationMixin, ExecutionMixin, LivenessMixin):
                                   gpus_per_worker=gpus_per_worker, resources_per_worker=resources_per_worker,
                                   placement_strategy=placement_strategy, backend=backend)
         self.cpus_asked = float(cpus_per_worker)  # config's may be a share of the machine's (share_cpus)
-        self.backend = self.config.resolved_backend
+        self.kind = self.config.kind  # how it forms, carries state and recovers: chosen once (group/kinds.py)
+        self.backend = self.kind.torch_backend
         self.address = address
         self.name = name or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"  # unique per writer
         self.start_timeout_s = start_timeout_s

@@ -5,8 +5,9 @@ import logging
 from typing import Any, Dict, List
 
 from ..errors import first_line
+from .fanout import FANOUT, ReplyKind
 from .state import GroupState, SlotState
-from .timing import CONTROL_CALL_S, INTERRUPT_CALL_S, PING_S
+from .timing import INTERRUPT_CALL_S, PING_S
 from .types import WorkerStatus
 
 logger = logging.getLogger(__name__)
@@ -53,16 +54,11 @@ class LivenessMixin:
                 knows of counts; ``False`` answers at once from what the group already knows (observers,
                 the dashboard).
         """
-        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
-
-        live = [s for s in self.slots if ping and not s.gone]
-        refs = {s.actor.ping.remote(): s for s in live}
-        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=PING_S) if refs else ([], [])
-        for ref in ready:
-            try:
-                ray.get(ref, timeout=CONTROL_CALL_S)  # ready: it only fetches the answer
-            except ray.exceptions.RayActorError as exc:
-                refs[ref].mark(SlotState.DEAD, first_line(exc))
+        if ping:
+            replies = FANOUT.ask(list(self.slots), lambda s: s.actor.ping.remote(), PING_S, "every rank to answer a ping")
+            for reply in replies.of(ReplyKind.DIED):
+                if not self.slots[reply.rank].gone:
+                    self.slots[reply.rank].mark(SlotState.DEAD, reply.error.cause)
         if ping and any(s.state == SlotState.DEAD for s in self.slots) and self.state is GroupState.IDLE:
             self.transition(GroupState.FAILED)
         return [
@@ -77,18 +73,15 @@ class LivenessMixin:
         Every live rank is asked at once, with one deadline (``timing.INTERRUPT_CALL_S``) for all: a rank
         that did not answer by then is ``unreachable``.
         """
-        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
-
-        refs = [s.actor.interrupt.remote() for s in self.slots if s.state != SlotState.DEAD]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=INTERRUPT_CALL_S) if refs else ([], [])
-        answered = set(ready)
+        live = [s for s in self.slots if s.state != SlotState.DEAD]
+        replies = FANOUT.ask(live, lambda s: s.actor.interrupt.remote(), INTERRUPT_CALL_S,
+                             "every rank to take the interrupt")
         out = []
-        for ref in refs:
-            if ref not in answered:
+        for reply in replies:
+            if reply.ok:
+                out.append(reply.value)
+            elif reply.kind is ReplyKind.LATE:
                 out.append({"state": "unreachable", "error": f"no answer within {INTERRUPT_CALL_S:g} s"})
-                continue
-            try:
-                out.append(ray.get(ref, timeout=CONTROL_CALL_S))  # ready: it only fetches the answer
-            except ray.exceptions.RayActorError as exc:
-                out.append({"state": "unreachable", "error": first_line(exc)})
+            else:
+                out.append({"state": "unreachable", "error": first_line(reply.error)})
         return out

@@ -15,11 +15,11 @@ from ..checkpoint.manager import CheckpointEntry, CheckpointManager
 from ..checkpoint.sources import as_checkpoint
 from ..checkpoint.staging import discard_dir
 from ..checkpoint.storage import join
-from ..errors import CheckpointError
+from ..errors import CheckpointError, WorkerLostError
 from ..waits import get_within, join_within, wait_within
 from ..worker.snapshot_io import state_files
 from . import timing
-from .monitor import death_cause
+from .fanout import classify
 from .state import GroupState
 
 if TYPE_CHECKING:  # the group calls in here; this module never imports it at run time
@@ -114,8 +114,6 @@ def _metrics_of(group: "WorkerGroup") -> Dict[str, Any]:
 
 
 def _finish_background(group: "WorkerGroup", staged: Any, waits: List[Any]) -> None:
-    import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
-
     run = group.run_storage
     try:
         written = get_within(waits, BACKGROUND_WRITE_S + timing.CONTROL_CALL_S,
@@ -129,10 +127,10 @@ def _finish_background(group: "WorkerGroup", staged: Any, waits: List[Any]) -> N
         run.manager.commit(staged, "snapshot", _metrics_of(group))
     except Exception as exc:  # noqa: BLE001 - reported in the next cell
         discard_dir(staged)
-        if isinstance(exc, ray.exceptions.RayActorError):
-            why = f"a worker died while writing it ({death_cause(exc)})"
+        _, cause = classify(exc, -1, None)
+        if isinstance(cause, WorkerLostError):
+            why = f"a worker died while writing it ({cause.cause})"
         else:
-            cause = getattr(exc, "cause", None) or exc
             why = f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
         run.background_error = f"{staged.name}: {why}"
         logger.warning("background checkpoint %s failed: %s", staged.name, why)

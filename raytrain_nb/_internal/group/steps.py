@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence, Set
 
 from ..backend import FORM_TIMEOUT_S, FORMING
 from ..errors import GroupError, RecoveryError, first_line
 from ..waits import SAY_AFTER_S
+from .fanout import FANOUT, ReplyKind, classify
 from .slots import Slot
 from .timing import CONTROL_CALL_S, STEP_CHECK_S, STEP_GRACE_S
 
@@ -23,39 +24,25 @@ logger = logging.getLogger(__name__)
 _STEP_WORDS = {"_setup": "form the process group", "_join": "re-form the process group"}
 
 
-def _raise_for(exc: BaseException, what: str) -> None:
-    import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
-
-    if isinstance(exc, ray.exceptions.RayActorError):
-        raise GroupError(f"a worker died while trying to {what}: {first_line(exc)}") from None
-    cause = getattr(exc, "cause", None) or exc
-    if isinstance(cause, GroupError):
-        raise type(cause)(first_line(cause)) from None
-    raise GroupError(f"the workers could not {what}: {type(cause).__name__}: {first_line(cause)}") from None
+def _raise_for(exc: BaseException, rank: int, slot: Slot, what: str) -> None:
+    kind, error = classify(exc, rank, slot)
+    if kind is ReplyKind.DIED:
+        raise error
+    if isinstance(error, GroupError):
+        raise type(error)(first_line(error)) from None
+    raise GroupError(f"the workers could not {what}: {type(error).__name__}: {first_line(error)}") from None
 
 
 def _activities(slots: Sequence[Slot], ranks: Sequence[int]) -> Dict[int, Any]:
     """What each rank's cell thread does now; a rank that does not answer in time is left out."""
-    import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
-
-    refs = {r: slots[r].actor.activity.remote() for r in ranks}
-    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=CONTROL_CALL_S)
-    out: Dict[int, Any] = {}
-    for r, ref in refs.items():
-        if ref in ready:
-            try:
-                out[r] = ray.get(ref, timeout=CONTROL_CALL_S)
-            except Exception:  # noqa: BLE001 - a dead rank: its step's ref fails and says so
-                pass
-    return out
+    return FANOUT.ask([slots[r] for r in ranks], lambda s: s.actor.activity.remote(), CONTROL_CALL_S,
+                      "the ranks to say what they do", ranks=list(ranks)).values()
 
 
 def _release(slots: Sequence[Slot]) -> None:
     """Break every rank's process group so ranks blocked in the step return."""
-    import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
-
-    refs = [s.actor.release.remote() for s in slots]
-    ray.wait(refs, num_returns=len(refs), timeout=CONTROL_CALL_S)
+    FANOUT.ask(list(slots), lambda s: s.actor.release.remote(), CONTROL_CALL_S,
+               "every rank to break its process group")
 
 
 def await_settled(slots: Sequence[Slot], deadline_s: float) -> None:
@@ -97,6 +84,7 @@ def await_step(slots: Sequence[Slot], refs: List[Any], step: str, deadline_s: fl
     pending = list(refs)
     first_done = None
     odd: Dict[int, float] = {}  # rank -> since when it is not in the step
+    preparing: Set[int] = set()  # ranks not in the step yet because their worker is still starting (imports)
     last_answer = {r: start for r in range(len(slots))}
     said = False
     while pending:
@@ -107,7 +95,8 @@ def await_step(slots: Sequence[Slot], refs: List[Any], step: str, deadline_s: fl
             except Exception as exc:  # noqa: BLE001 - a rank failed: the step cannot end
                 if pending:
                     _release(slots)
-                _raise_for(exc, what)
+                rank = refs.index(ref)
+                _raise_for(exc, rank, slots[rank], what)
         if not pending:
             break
         now = time.monotonic()
@@ -115,13 +104,19 @@ def await_step(slots: Sequence[Slot], refs: List[Any], step: str, deadline_s: fl
             first_done = now
         waiting = [i for i, ref in enumerate(refs) if ref in pending]
         if now - start >= STEP_GRACE_S:
-            problem = _check(slots, waiting, step, now, first_done, odd, last_answer, silent_s, start)
+            problem = _check(slots, waiting, step, now, first_done, odd, last_answer, silent_s, start, preparing)
             if problem:
                 _release(slots)
                 raise RecoveryError(f"could not {what}: {problem}; the group's process group was broken so "
                                     "no rank waits: run the command again (%dist_restart or %dist_rescale)")
         if now - start > deadline_s:
             _release(slots)
+            late = sorted(preparing & set(waiting))
+            if late:
+                raise GroupError(f"the workers did not {what} within {deadline_s:g} s: rank(s) "
+                                 f"{', '.join(map(str, late))} still starting (importing torch and the modules a "
+                                 "worker begins with; the machine may be busy): raise start_timeout_s, or check "
+                                 "the load and `ray status`")
             raise GroupError(f"the workers did not {what} within {deadline_s:g} s (rank(s) "
                              f"{', '.join(map(str, waiting))} still in it); raise start_timeout_s or check `ray status`")
         if not said and now - start > SAY_AFTER_S:
@@ -132,8 +127,11 @@ def await_step(slots: Sequence[Slot], refs: List[Any], step: str, deadline_s: fl
 
 
 def _check(slots: Sequence[Slot], waiting: List[int], step: str, now: float, first_done: Any,
-           odd: Dict[int, float], last_answer: Dict[int, float], silent_s: float, started: float) -> str:
-    """What is wrong with the ranks still in the step, or ""."""
+           odd: Dict[int, float], last_answer: Dict[int, float], silent_s: float, started: float,
+           preparing: Set[int]) -> str:
+    """What is wrong with the ranks still in the step, or "". A rank still starting its worker (importing
+    torch on a busy machine, its step queued behind that) is on its way, not out of step: it is noted in
+    ``preparing`` and waited for under the step's deadline."""
     done = [r for r in range(len(slots)) if r not in waiting]
     if first_done is not None and now - first_done >= STEP_GRACE_S:
         return (f"rank(s) {', '.join(map(str, done))} finished while rank(s) {', '.join(map(str, waiting))} "
@@ -150,6 +148,11 @@ def _check(slots: Sequence[Slot], waiting: List[int], step: str, now: float, fir
                 return f"rank {rank} has not answered for {now - last_answer[rank]:.0f} s (stopped or hung)"
             continue
         last_answer[rank] = now
+        if act.get("preparing"):
+            preparing.add(rank)
+            odd.pop(rank, None)
+            continue
+        preparing.discard(rank)
         if act.get("call") == step:
             odd.pop(rank, None)
             continue

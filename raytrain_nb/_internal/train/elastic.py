@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Dict, List, Union
 
 from ..errors import ResourceError, WorkerError
 from ..group.placement import await_bundles, bundles_placed
-from ..group.recovery import retire
+from ..group.retiring import retire
 
 if TYPE_CHECKING:
     from ..group.group import WorkerGroup
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_DEATHS = ("WorkerDiedError", "WorkerUnresponsiveError")
 #: How long to wait for a lost worker's resources before an elastic run continues without it.
 RESOURCE_WAIT_S = float(os.environ.get("RAYTRAIN_NB_ELASTIC_WAIT_S", "10"))
 #: How long a fixed-size run waits for a lost worker's resources before it fails.
@@ -70,7 +69,7 @@ Decision = Union[Retry, Restart, Resize, Recreate]
 
 def dead_ranks(exc: WorkerError) -> List[int]:
     """Ranks whose worker process died or stopped answering."""
-    return sorted({f.rank for f in exc.failures if f.type_name in _DEATHS})
+    return sorted({death.rank for death in exc.deaths})
 
 
 def _gone(group: "WorkerGroup") -> List[int]:
@@ -80,7 +79,7 @@ def _gone(group: "WorkerGroup") -> List[int]:
 def _places_ready(group: "WorkerGroup", ranks: List[int], wait_s: float) -> bool:
     """Whether the places of dead ``ranks`` can take new workers within ``wait_s``.
 
-    The dead workers are retired first (:func:`.recovery.retire`): until Ray declares a lost node
+    The dead workers are retired first (:func:`.retiring.retire`): until Ray declares a lost node
     dead, its bundles still look placed.
     """
     slots = [group.slots[r] for r in ranks]

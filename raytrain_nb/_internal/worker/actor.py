@@ -34,6 +34,9 @@ from .snapshot import fingerprint
 
 logger = logging.getLogger(__name__)
 
+#: What the cell thread runs while a worker is still starting (its first imports), before any command.
+PREPARING = ("_preload", "_warm_imports")
+
 
 class Worker(FormingWorker, CheckpointingWorker):
     """One rank of a :class:`~raytrain_nb.WorkerGroup` (a Ray actor when spawned)."""
@@ -85,8 +88,11 @@ class Worker(FormingWorker, CheckpointingWorker):
     def warm(self) -> int:
         """Make a standby worker ready: preloaded modules imported, and what the first optimizer or
         DDP wrapper would import (torch._dynamo, ~1 s). Returns the pid."""
-        if self._cells.call(lambda: "torch" in sys.modules):
-            self._cells.call(importlib.import_module, "torch._dynamo")
+        return self._cells.call(self._warm_imports)
+
+    def _warm_imports(self) -> int:
+        if "torch" in sys.modules:
+            import torch._dynamo  # noqa: F401 - torch: what the first optimizer or DDP wrapper imports, ahead of time
         return os.getpid()
 
     # -- identity and setup --------------------------------------------------------------
@@ -281,9 +287,12 @@ class Worker(FormingWorker, CheckpointingWorker):
         }
 
     def activity(self) -> Dict[str, Any]:
-        """What the cell thread does now: ``{"call": "_join"|"_setup"|"_run_cell"|...|None, "phase": ...}``
-        (the driver checks that every rank it waits for in a collective step is in that step)."""
-        return {"call": self._cells.current, "phase": self.pg.phase}
+        """What the cell thread does now: ``{"call": "_join"|"_setup"|"_run_cell"|...|None, "phase": ...,
+        "preparing": ...}`` (the driver checks that every rank it waits for in a collective step is in that
+        step; ``preparing``: the worker is still starting, importing the modules it begins with, and any
+        call sent meanwhile waits behind that)."""
+        call = self._cells.current
+        return {"call": call, "phase": self.pg.phase, "preparing": call in PREPARING}
 
     def release(self) -> bool:
         """Break this rank's process group (and a framework backend's collective) so peers blocked in a

@@ -1,0 +1,78 @@
+"""The fan-out asks every rank at once under one deadline and types each answer: ok, raised, died, unresponsive,
+late. Real Ray actors stand in for workers."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import ray
+
+from raytrain_nb import GroupError
+from raytrain_nb._internal.errors import WorkerDiedError, WorkerLostError, WorkerUnresponsiveError
+from raytrain_nb._internal.group.fanout import FANOUT, ReplyKind, collect
+from raytrain_nb._internal.group.slots import Slot
+from raytrain_nb._internal.group.state import SlotState
+
+
+@ray.remote(max_concurrency=2, num_cpus=0)
+class Rank:
+    def __init__(self, behaviour):
+        self.behaviour = behaviour
+        self.gate = threading.Event()
+
+    def ask(self, x):
+        if self.behaviour == "raise":
+            raise NameError(f"name 'x{x}' is not defined")
+        if self.behaviour == "hang":
+            self.gate.wait(60)
+        return x * 2
+
+    def open(self):
+        self.gate.set()
+
+    def ping(self):
+        return True
+
+
+def _slots(behaviours):
+    """One started actor per behaviour (each has answered once: none is late for being slow to start)."""
+    actors = [Rank.remote(b) for b in behaviours]
+    ray.get([a.ping.remote() for a in actors], timeout=120)
+    return [Slot(actor=a, pg=None, bundle=0, info={"pid": 1000 + i, "node_ip": "127.0.0.1"})
+            for i, a in enumerate(actors)]
+
+
+def test_every_kind_of_answer_is_typed(ray_session):
+    slots = _slots(["ok", "raise", "hang", "ok", "ok"])
+    ray.kill(slots[3].actor, no_restart=True)
+    slots[4].mark(SlotState.UNRESPONSIVE, "has not answered for 20 s")
+    try:
+        replies = FANOUT.ask(slots, lambda s: s.actor.ask.remote(21), 3.0, "every rank to answer")
+        assert [r.kind for r in replies] == [ReplyKind.OK, ReplyKind.RAISED, ReplyKind.LATE, ReplyKind.DIED,
+                                             ReplyKind.UNRESPONSIVE]
+        assert replies.values() == {0: 42}
+        assert isinstance(replies[1].error, NameError)  # the remote exception itself, not Ray's wrapper
+        died = replies[3].error
+        assert isinstance(died, WorkerDiedError) and isinstance(died, GroupError)
+        assert (died.rank, died.pid, died.node) == (3, 1003, "127.0.0.1")
+        assert isinstance(replies[4].error, WorkerUnresponsiveError) and isinstance(replies[4].error, WorkerLostError)
+        with pytest.raises(WorkerDiedError, match=r"rank 3 \(pid 1003, node 127.0.0.1\) died"):
+            replies.check()
+    finally:
+        ray.get(slots[2].actor.open.remote(), timeout=10)
+
+
+def test_check_names_who_raised_or_did_not_answer(ray_session):
+    slots = _slots(["ok", "raise"])
+    replies = FANOUT.ask(slots, lambda s: s.actor.ask.remote(1), 10.0, "every rank to answer", ranks=[4, 7])
+    assert replies.ranks(ReplyKind.RAISED) == [7]
+    with pytest.raises(GroupError, match=r"rank 7 raised NameError: name 'x1' is not defined \(while waiting for "
+                                         r"every rank to answer\)"):
+        replies.check()
+    slots = _slots(["ok", "hang"])
+    try:
+        with pytest.raises(GroupError, match=r"after 2 s \(no answer from rank\(s\) 1\): raise it"):
+            collect([s.actor.ask.remote(1) for s in slots], 2.0, "every rank to answer", slots, hint="raise it")
+    finally:
+        ray.get(slots[1].actor.open.remote(), timeout=10)
+    assert collect([s.actor.ask.remote(3) for s in _slots(["ok", "ok"])], 10.0, "every rank to answer") == [6, 6]
