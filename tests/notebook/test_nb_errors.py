@@ -12,7 +12,7 @@ from .nbkernel import START_TIMEOUT_S, usage_error
 
 pytestmark = pytest.mark.notebook
 
-#: Bad arguments never wait for resources: "answer at once" (DESIGN.md), measured submit -> reply.
+#: Bad arguments never wait for resources: they are answered at once, measured submit -> reply.
 ANSWER_S = 10.0
 
 
