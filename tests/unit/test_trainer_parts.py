@@ -43,8 +43,8 @@ def _died(rank):
 
 @pytest.fixture
 def no_wait(monkeypatch):
+    monkeypatch.setattr(elastic, "ELASTIC_WAIT_S", 0.0)
     monkeypatch.setattr(elastic, "RESOURCE_WAIT_S", 0.0)
-    monkeypatch.setattr(elastic, "FIXED_WAIT_S", 0.0)
     retired = []
     monkeypatch.setattr(elastic, "retire", lambda slots: retired.append([s.bundle for s in slots]))
     return retired

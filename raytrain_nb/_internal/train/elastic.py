@@ -9,7 +9,7 @@
   dead rank is still placed: a killed process, an OOM): ``group.restart()`` starts fresh workers
   in the same places; live workers keep their processes (torch stays imported).
 - :class:`Resize`: elastic runs only: a dead rank's bundle is not placed again within
-  ``RESOURCE_WAIT_S`` (its node is gone): ``group.rescale(survivors)``, not below ``min``. Also
+  ``ELASTIC_WAIT_S`` (its node is gone): ``group.rescale(survivors)``, not below ``min``. Also
   used to grow (:func:`growth`) when resources come back: the bundle of a lost rank is placed
   again, or the cluster has room for another worker.
 - :class:`Recreate`: nothing alive to keep: a new group.
@@ -36,9 +36,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 #: How long to wait for a lost worker's resources before an elastic run continues without it.
-RESOURCE_WAIT_S = float(os.environ.get("RAYTRAIN_NB_ELASTIC_WAIT_S", "10"))
+ELASTIC_WAIT_S = float(os.environ.get("RAYTRAIN_NB_ELASTIC_WAIT_S", "10"))
 #: How long a fixed-size run waits for a lost worker's resources before it fails.
-FIXED_WAIT_S = float(os.environ.get("RAYTRAIN_NB_RESOURCE_WAIT_S", "120"))
+RESOURCE_WAIT_S = float(os.environ.get("RAYTRAIN_NB_RESOURCE_WAIT_S", "120"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +96,7 @@ def decide(group: "WorkerGroup", exc: WorkerError, scaling: "ScalingConfig") -> 
         return Retry("the training function raised; every worker is alive")
     if alive == 0:
         return Recreate(group.num_workers, "every worker died")
-    wait = RESOURCE_WAIT_S if scaling.elastic else FIXED_WAIT_S
+    wait = ELASTIC_WAIT_S if scaling.elastic else RESOURCE_WAIT_S
     if _places_ready(group, dead, wait):
         return Restart(dead, f"rank(s) {', '.join(map(str, dead))} died; their resources are free")
     if scaling.elastic and alive >= scaling.min_workers:

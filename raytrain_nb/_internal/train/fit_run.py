@@ -95,7 +95,7 @@ class FitRun:
         # Inside a Ray Tune trial the group waits for resources as long as the trial lives: Tune decides how
         # many trials run at once (max_concurrent_trials, trial resources), not a deadline.
         self.trial = current_trial()
-        self.fixed_wait_s: Optional[float] = None if self.trial is not None else elastic.FIXED_WAIT_S
+        self.fixed_wait_s: Optional[float] = None if self.trial is not None else elastic.RESOURCE_WAIT_S
 
     # -- the group -----------------------------------------------------------------------------
 
