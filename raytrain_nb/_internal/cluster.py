@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Set
 
-from . import shipping
+from . import settings, shipping
 from .lean_head import lean_head
 from .lean_entry import defer_iri_grammar
 from .processes import children, end_children
@@ -46,8 +46,9 @@ TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
 
 def _memory_limit() -> int:
     """Memory available to this process: ``RAYTRAIN_NB_MEMORY_BYTES``, the cgroup limit or physical memory."""
-    if os.environ.get("RAYTRAIN_NB_MEMORY_BYTES"):
-        return int(float(os.environ["RAYTRAIN_NB_MEMORY_BYTES"]))
+    told = settings.memory_bytes()
+    if told is not None:
+        return told
     for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         try:
             raw = open(path).read().strip()
@@ -107,11 +108,11 @@ def _shared_memory_bytes() -> int:
 
 def local_init_kwargs() -> Dict[str, Any]:
     """Arguments for ``ray.init`` of the embedded instance (env overrides apply)."""
-    store = int(os.environ.get("RAYTRAIN_NB_OBJECT_STORE_BYTES", 0)) or min(
+    store = settings.object_store_bytes() or min(
         _MAX_OBJECT_STORE, max(_MIN_OBJECT_STORE, _memory_limit() // 10)
     )
     kwargs: Dict[str, Any] = {
-        "include_dashboard": os.environ.get("RAYTRAIN_NB_DASHBOARD", "0") == "1",
+        "include_dashboard": settings.dashboard(),
         "log_to_driver": False,
         "logging_level": logging.WARNING,
         "object_store_memory": store,
@@ -122,9 +123,11 @@ def local_init_kwargs() -> Dict[str, Any]:
         logger.info("the object store (%d MB) lives in %s: /dev/shm is smaller", store // 2**20,
                     kwargs["_plasma_directory"])
     # the container's limits, not the host's cores (Ray counts the host's); RAYTRAIN_NB_NUM_CPUS overrides
-    kwargs["num_cpus"] = float(os.environ.get("RAYTRAIN_NB_NUM_CPUS") or cpu_limit())
-    if os.environ.get("RAYTRAIN_NB_NUM_GPUS"):
-        kwargs["num_gpus"] = float(os.environ["RAYTRAIN_NB_NUM_GPUS"])
+    cpus = settings.num_cpus()
+    kwargs["num_cpus"] = cpus if cpus is not None else float(cpu_limit())
+    gpus = settings.num_gpus()
+    if gpus is not None:
+        kwargs["num_gpus"] = gpus
     return kwargs
 
 
@@ -351,7 +354,7 @@ def _init_remote(ray: Any, address: str) -> bool:
     """
     common = dict(address=address, log_to_driver=False, logging_level=logging.WARNING)
     ray.init(**common)
-    if os.environ.get("RAYTRAIN_NB_WORKING_DIR", "1") == "0":
+    if not settings.working_dir():
         return False
     if not shipping.should_ship(False, ray.nodes(), this_machine_addresses()):
         logger.debug("every node of the cluster at %s runs on this machine: the folder is used in place", address)

@@ -6,6 +6,8 @@ import os
 import sys
 from typing import Any, Iterator, List
 
+from . import settings
+
 #: The script the raylet runs for each Python worker (Ray's ``default_worker.py`` behind a lean start), and
 #: that runs Ray's Python head processes (the dashboard head, the dashboard and runtime-env agents).
 LEAN_ENTRY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lean_entry.py")
@@ -26,7 +28,7 @@ def lean_head() -> Iterator[None]:
     """
     from ray._private import parameter, services  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
-    lean_entry = os.environ.get("RAYTRAIN_NB_LEAN_ENTRY", "1") != "0"
+    lean_entry = settings.lean_entry()
     original = parameter.RayParams.__init__
     original_python = services._build_python_executable_command_memory_profileable
 

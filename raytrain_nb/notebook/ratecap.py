@@ -9,22 +9,15 @@ and output shows again as soon as it slows down.
 """
 from __future__ import annotations
 
-import os
 import time
 from typing import Callable, Tuple
 
+from .._internal import settings
+
 #: Characters per second let through (below Jupyter Server's default of 1 MB/s, which counts
 #: bytes of the JSON messages); ``RAYTRAIN_NB_OUTPUT_RATE`` changes it, 0 turns the cap off.
-DEFAULT_RATE = 300_000
+DEFAULT_RATE = settings.DEFAULT_OUTPUT_RATE
 DEFAULT_BURST = 600_000
-
-
-def _from_env(name: str, default: int) -> int:
-    raw = os.environ.get(name, "")
-    try:
-        return int(raw) if raw.strip() else default
-    except ValueError:
-        return default
 
 
 class RateCap:
@@ -38,7 +31,7 @@ class RateCap:
 
     def __init__(self, rate: int | None = None, burst: int | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.rate = _from_env("RAYTRAIN_NB_OUTPUT_RATE", DEFAULT_RATE) if rate is None else rate
+        self.rate = settings.output_rate() if rate is None else rate
         self.burst = max(burst if burst is not None else max(DEFAULT_BURST, 2 * self.rate), 1)
         self.clock = clock
         self._tokens = float(self.burst)

@@ -9,14 +9,14 @@ does not (``jupyter console``), set ``RAYTRAIN_NB_UI=text``.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any, Optional
 
+from .._internal import settings
 from .dashboard.text import existing_reporter, reporter_for
 
 logger = logging.getLogger(__name__)
 
-UI_ENV = "RAYTRAIN_NB_UI"
+UI_ENV = settings.UI.name
 MODES = ("auto", "widgets", "text", "none")
 
 
@@ -36,7 +36,7 @@ def ui_mode() -> str:
     Raises:
         ValueError: ``RAYTRAIN_NB_UI`` has an unknown value (names the allowed ones).
     """
-    mode = os.environ.get(UI_ENV, "auto").strip().lower() or "auto"
+    mode = settings.ui()
     if mode not in MODES:
         raise ValueError(f"{UI_ENV}={mode!r} is unknown: use one of {', '.join(MODES)}")
     if mode != "auto":

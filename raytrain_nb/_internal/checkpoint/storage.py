@@ -25,10 +25,11 @@ from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.registry import known_implementations
 
+from .. import settings
 from ..errors import CheckpointError, StorageError, describe
 
-STORAGE_PATH_ENV = "RAYTRAIN_NB_STORAGE_PATH"
-DEFAULT_STORAGE_PATH = "~/raytrain_nb_results"
+STORAGE_PATH_ENV = settings.STORAGE_PATH.name
+DEFAULT_STORAGE_PATH = settings.DEFAULT_STORAGE_PATH
 #: Protocols whose files live inside one process: fine for a Checkpoint, not for a group.
 PER_PROCESS_PROTOCOLS = ("memory",)
 #: The characters of a run's name (a directory name in shared storage).
@@ -189,7 +190,7 @@ def newest_mtime(fs: AbstractFileSystem, path: str) -> float:
 
 def default_storage_path() -> str:
     """``$RAYTRAIN_NB_STORAGE_PATH`` if set, else ``~/raytrain_nb_results`` (expanded)."""
-    value = os.environ.get(STORAGE_PATH_ENV, "").strip()
+    value = settings.storage_path()
     if value:
         return value if "://" in value else os.path.abspath(os.path.expanduser(value))
     return os.path.expanduser(DEFAULT_STORAGE_PATH)

@@ -22,9 +22,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 from typing import TYPE_CHECKING, Dict, List, Union
 
+from .. import settings
 from ..errors import ResourceError, WorkerError
 from ..group.placement import await_bundles, bundles_placed
 from ..group.retiring import retire
@@ -35,10 +35,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: How long to wait for a lost worker's resources before an elastic run continues without it.
-ELASTIC_WAIT_S = float(os.environ.get("RAYTRAIN_NB_ELASTIC_WAIT_S", "10"))
-#: How long a fixed-size run waits for a lost worker's resources before it fails.
-RESOURCE_WAIT_S = float(os.environ.get("RAYTRAIN_NB_RESOURCE_WAIT_S", "120"))
+#: How long to wait for a lost worker's resources before an elastic run continues without it (read once, here).
+ELASTIC_WAIT_S = settings.elastic_wait_s()
+#: How long a fixed-size run waits for a lost worker's resources before it fails (read once, here).
+RESOURCE_WAIT_S = settings.resource_wait_s()
 
 
 @dataclasses.dataclass(frozen=True)
