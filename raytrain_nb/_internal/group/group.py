@@ -22,13 +22,13 @@ from .config import GroupConfig
 from .execution import ExecutionMixin
 from .formation import FormationMixin
 from .liveness import LivenessMixin
-from .monitor import DEFAULT_HEARTBEAT_TIMEOUT_S, HealthMonitor
+from .monitor import HealthMonitor
 from .placement import reserve, share_cpus
 from .recovery import replace_ranks, rescale, restart
 from .slots import SlotTable
 from .snapshots import RollbackResult, checkpoint, load, rollback, wait_background
 from .state import GroupState, SlotState, check_transition
-from .timing import CONTROL_CALL_S, CONTROL_START_S
+from .timing import CONTROL_CALL_S, CONTROL_START_S, DEFAULT_HEARTBEAT_TIMEOUT_S
 from .types import CellRecord
 
 logger = logging.getLogger(__name__)

@@ -5,8 +5,8 @@ its whole job ends. A group started inside an actor (a Ray Tune trial: Tune kill
 actor right after asking it to stop, maybe before ``shutdown`` ran) would hold its resources,
 reserved and empty, for the rest of the sweep. So a group made inside an actor hands each of its
 placement groups to one keeper per cluster (a detached actor of no resources), which removes them
-once their maker is dead, within ``KEEPER_POLL_S``, and ends itself when it has watched nothing
-for ``KEEPER_IDLE_S``.
+once their maker is dead, within ``timing.KEEPER_POLL_S``, and ends itself when it has watched nothing
+for ``timing.KEEPER_IDLE_S``.
 """
 from __future__ import annotations
 
@@ -16,12 +16,10 @@ import threading
 import time
 from typing import Any, Dict, Set
 
+from .timing import KEEPER_IDLE_S, KEEPER_POLL_S
+
 logger = logging.getLogger(__name__)
 
-#: How often the keeper looks at the actors whose placement groups it keeps.
-KEEPER_POLL_S = 0.5
-#: The keeper ends itself after this long without anything to watch.
-KEEPER_IDLE_S = 120.0
 KEEPER_NAME = "raytrain_nb_placement_keeper"
 KEEPER_NAMESPACE = "raytrain_nb"
 

@@ -15,10 +15,9 @@ import time
 from typing import Any, Dict
 
 from .state import SlotState
+from .timing import DEFAULT_HEARTBEAT_TIMEOUT_S
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_HEARTBEAT_TIMEOUT_S = 15.0
 
 
 def death_cause(exc: BaseException) -> str:

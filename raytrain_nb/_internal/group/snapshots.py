@@ -27,10 +27,6 @@ if TYPE_CHECKING:  # the group calls in here; this module never imports it at ru
 
 logger = logging.getLogger(__name__)
 
-SNAPSHOT_TIMEOUT_S = 60.0
-#: How long a background (``--async``) snapshot may take to be written, and a later call waits for it.
-BACKGROUND_WRITE_S = timing.SNAPSHOT_WRITE_S
-
 
 @dataclasses.dataclass
 class RollbackResult:
@@ -66,7 +62,7 @@ def checkpoint(group: "WorkerGroup", name: Optional[str], var_names: Sequence[st
             group._get([a.snapshot.remote(staged, list(var_names), not blocking) for a in actors],
                        timing.SNAPSHOT_WRITE_S, "snapshot")
             if not blocking:
-                waits = [a.snapshot_wait.remote(BACKGROUND_WRITE_S) for a in actors]
+                waits = [a.snapshot_wait.remote(timing.BACKGROUND_WRITE_S) for a in actors]
                 thread = threading.Thread(target=_finish_background, args=(group, staged, waits),
                                           name="rtnb-snapshot-commit", daemon=True)
                 run.background = thread
@@ -116,14 +112,14 @@ def _metrics_of(group: "WorkerGroup") -> Dict[str, Any]:
 def _finish_background(group: "WorkerGroup", staged: Any, waits: List[Any]) -> None:
     run = group.run_storage
     try:
-        written = get_within(waits, BACKGROUND_WRITE_S + timing.CONTROL_CALL_S,
+        written = get_within(waits, timing.BACKGROUND_WRITE_S + timing.CONTROL_CALL_S,
                              f"every rank to write the background snapshot {staged.name}",
                              labels=[f"rank {r}" for r in range(len(waits))], error=CheckpointError, log=logger,
                              hint="check the storage path and %dist_status")
         slow = [r for r, res in enumerate(written) if res.get("timeout")]
         if slow:
             raise CheckpointError(f"rank(s) {', '.join(map(str, slow))} did not write the background snapshot "
-                                  f"within {BACKGROUND_WRITE_S:g} s: check the storage path")
+                                  f"within {timing.BACKGROUND_WRITE_S:g} s: check the storage path")
         run.manager.commit(staged, "snapshot", _metrics_of(group))
     except Exception as exc:  # noqa: BLE001 - reported in the next cell
         discard_dir(staged)
@@ -140,9 +136,9 @@ def wait_background(group: "WorkerGroup") -> None:
     """Wait for a background checkpoint to commit (``--async``)."""
     thread = group.run_storage.background
     if thread is not None:
-        if not join_within(thread, BACKGROUND_WRITE_S, "the background checkpoint to be written", logger):
-            raise CheckpointError(f"the background checkpoint is still being written after {BACKGROUND_WRITE_S:g} s: "
-                                  "check the storage path, then try again")
+        if not join_within(thread, timing.BACKGROUND_WRITE_S, "the background checkpoint to be written", logger):
+            raise CheckpointError(f"the background checkpoint is still being written after "
+                                  f"{timing.BACKGROUND_WRITE_S:g} s: check the storage path, then try again")
 
 
 def rollback(group: "WorkerGroup", name_or_index: Union[str, int], run: Optional[str],

@@ -21,6 +21,8 @@ STOP_WAIT_S = 30.0
 SNAPSHOT_ANSWER_S = 30.0
 #: A snapshot taken between cells, and a rollback: writing or reading every rank's state in storage.
 SNAPSHOT_WRITE_S = 600.0
+#: How long a background (``--async``) snapshot may take to be written, and a later call waits for it.
+BACKGROUND_WRITE_S = SNAPSHOT_WRITE_S
 #: A collective step (forming, joining): how often the ranks still in it are checked, and how long a rank
 #: may be out of step (idle, busy with something else, or finished while its peers wait) before it is an error.
 STEP_CHECK_S = 1.0
@@ -33,3 +35,10 @@ CONTROL_START_S = 60.0
 #: Framework backends: how long after a peer failed the ranks still running are released from the library's
 #: collective (their sockets closed under them); they are stopped at the backend's ``stop_after_peer_failure_s``.
 RELEASE_PEERS_S = 2.0
+#: A worker silent this long (no answer to the monitor's heartbeat) is reported unresponsive: the default of
+#: ``WorkerGroup(heartbeat_timeout_s=...)``.
+DEFAULT_HEARTBEAT_TIMEOUT_S = 15.0
+#: The placement-group keeper (``keeper.py``, a detached actor): how often it looks at the actors whose placement
+#: groups it keeps, and how long it lives without anything to watch before it ends itself.
+KEEPER_POLL_S = 0.5
+KEEPER_IDLE_S = 120.0
