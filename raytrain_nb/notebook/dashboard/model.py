@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Any, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from ..view_helpers import finite_number
+
 #: Badge colours by worker state: a glance tells idle (green), running (blue), failed (orange), dead (red).
 STATE_COLOURS = {
     "starting": "#6c757d",
@@ -26,12 +28,6 @@ STATE_COLOURS = {
 GONE = ("dead", "unresponsive")
 RATE_WINDOW_S = 5.0
 STEP_KEYS = ("step", "training_iteration")
-
-
-def _number(value: Any) -> Optional[float]:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def n_workers(n: int) -> str:
@@ -95,7 +91,7 @@ class RankView:
         metrics = record.get("metrics", {})
         self.metrics = dict(metrics)
         self.reports += count
-        step = next((_number(metrics[k]) for k in STEP_KEYS if k in metrics), None)
+        step = next((finite_number(metrics[k]) for k in STEP_KEYS if k in metrics), None)
         self.step = step if step is not None else None
         if record.get("total") is not None:
             self.total = int(record["total"])
@@ -221,7 +217,7 @@ class DashboardModel:
                 for rec in recs:
                     series.add(rec)
                 for key, value in last.get("metrics", {}).items():
-                    if key not in STEP_KEYS and key not in self.metric_keys and _number(value) is not None:
+                    if key not in STEP_KEYS and key not in self.metric_keys and finite_number(value) is not None:
                         self.metric_keys.append(key)
             if by_rank:
                 self.version += 1

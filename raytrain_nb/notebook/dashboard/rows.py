@@ -12,6 +12,7 @@ from typing import List
 
 import ipywidgets as w
 
+from ..view_helpers import row_cell, state_badge
 from .model import GONE, STATE_COLOURS, RankView, format_metrics
 
 #: (column, width) of each cell of a row.
@@ -25,16 +26,12 @@ DEAD_BACKGROUND = "#fdecea"
 ONE_LINE = "display:block;white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
 
 
-def _cell(width: str, value: str = "") -> w.HTML:
-    return w.HTML(value=value, layout=w.Layout(width=width, min_width=width, margin="0 4px 0 0"))
-
-
 def header_row() -> w.HBox:
     """The column titles."""
     cells: List[w.Widget] = []
     for name, width in COLUMNS:
         title = {"done": "steps", "rate": "speed", "metrics": "latest metrics"}.get(name, name)
-        cells.append(_cell(width, f"<b>{title}</b>"))
+        cells.append(row_cell(width, f"<b>{title}</b>"))
     return w.HBox(cells, layout=w.Layout(border_bottom="1px solid #ccc"))
 
 
@@ -43,18 +40,18 @@ class RowWidgets:
 
     def __init__(self, rank: int) -> None:
         widths = dict(COLUMNS)
-        self.rank = _cell(widths["rank"], f"<b>{rank}</b>")
-        self.node = _cell(widths["node"])
-        self.pid = _cell(widths["pid"])
-        self.device = _cell(widths["device"])
-        self.state = _cell(widths["state"])
+        self.rank = row_cell(widths["rank"], f"<b>{rank}</b>")
+        self.node = row_cell(widths["node"])
+        self.pid = row_cell(widths["pid"])
+        self.device = row_cell(widths["device"])
+        self.state = row_cell(widths["state"])
         self.state.add_class("rtnb-state")
         self.bar = w.IntProgress(value=0, min=0, max=1, layout=w.Layout(width=widths["progress"],
                                                                           margin="0 4px 0 0"))
         self.bar.add_class("rtnb-progress")
-        self.done = _cell(widths["done"])
-        self.rate = _cell(widths["rate"])
-        self.metrics = _cell(widths["metrics"])
+        self.done = row_cell(widths["done"])
+        self.rate = row_cell(widths["rate"])
+        self.metrics = row_cell(widths["metrics"])
         self.metrics.add_class("rtnb-metrics")
         self.cells = [self.rank, self.node, self.pid, self.device, self.state, self.done, self.rate, self.metrics]
         self.box = w.HBox([self.rank, self.node, self.pid, self.device, self.state, self.bar, self.done,
@@ -103,9 +100,7 @@ class RowWidgets:
             self.box.remove_class(f"rtnb-state-{self._state}")
         self.box.add_class(f"rtnb-state-{state}")
         self._state = state
-        colour = STATE_COLOURS.get(state, "#6c757d")
-        self.state.value = (f'<span style="background:{colour};color:white;padding:1px 8px;'
-                            f'border-radius:9px;font-size:12px">{html.escape(state)}</span>')
+        self.state.value = state_badge(state, STATE_COLOURS)
         gone = state in GONE
         for cell in self.cells:
             cell.style.background = DEAD_BACKGROUND if gone else None

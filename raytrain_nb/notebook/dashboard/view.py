@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, List, Optional
 import ipywidgets as w
 
 from ..routing import current_parent
+from ..view_helpers import state_badge
 from .actions import ICONS, LABELS, STYLES, act, entry_label
 from .clicks import click_guard
 from .model import BUTTONS, GONE, STATE_COLOURS, DashboardModel, Situation, button_states, n_workers
@@ -44,12 +45,6 @@ def dashboard_for(group: Any, **options: Any) -> "Dashboard":
 
 def existing_dashboard(group: Any) -> Optional["Dashboard"]:
     return _DASHBOARDS.get(group)
-
-
-def _badge(state: str) -> str:
-    colour = STATE_COLOURS.get(state, "#6c757d")
-    return (f'<span style="background:{colour};color:white;padding:1px 8px;border-radius:9px;'
-            f'font-size:12px">{html.escape(state)}</span>')
 
 
 class Dashboard:
@@ -233,7 +228,7 @@ class Dashboard:
         if g.state.value in ("running", "recovering"):
             where = " · foreground cell running" if self._foreground else " · background cell running"
         self.title.value = (f"<b>raytrain_nb</b> · {html.escape(g.name)} · {n_workers(g.num_workers)} · "
-                            f"{html.escape(str(g.backend))} · {_badge(g.state.value)}{where}")
+                            f"{html.escape(str(g.backend))} · {state_badge(g.state.value, STATE_COLOURS)}{where}")
 
     def _say(self, text: str, error: bool = False) -> None:
         colour = "#c62828" if error else "#333"

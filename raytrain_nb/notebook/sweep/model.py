@@ -17,6 +17,7 @@ import threading
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..dashboard.model import Line
+from ..view_helpers import finite_number
 
 PENDING, RUNNING, PAUSED, TERMINATED, ERROR = "PENDING", "RUNNING", "PAUSED", "TERMINATED", "ERROR"
 ENDED = (TERMINATED, ERROR)
@@ -30,13 +31,6 @@ TUNE_KEYS = frozenset({
     "checkpoint_dir_name", "should_checkpoint", "warmup_time"})
 MODES = ("min", "max")
 SCOPES = ("last", "all")
-
-
-def number(value: Any) -> Optional[float]:
-    """``value`` as a finite float, or None (bools, strings, NaN and infinities are not metrics)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def format_value(value: Optional[float]) -> str:
@@ -185,11 +179,11 @@ class SweepModel:
         trial at this result (it came with ``done``), else empty."""
         with self.lock:
             row = self._row(trial_id)
-            values = {k: v for k, v in ((k, number(v)) for k, v in result.items() if k not in TUNE_KEYS)
+            values = {k: v for k, v in ((k, finite_number(v)) for k, v in result.items() if k not in TUNE_KEYS)
                       if v is not None}
             if self.metric is None and values:
                 self.metric = "loss" if "loss" in values else next(iter(values))
-            iteration = number(result.get("training_iteration"))
+            iteration = finite_number(result.get("training_iteration"))
             row.iterations = int(iteration) if iteration is not None else row.iterations + 1
             if row.state == PENDING:
                 row.state = RUNNING

@@ -12,22 +12,13 @@ from typing import Any, Callable, List, NamedTuple, Tuple
 import ipywidgets as w
 
 from ..dashboard.rows import ONE_LINE
+from ..view_helpers import row_cell, state_badge
 from .model import ERROR, STATE_COLOURS, SweepModel, TrialRow, format_params, format_value
 
 #: (column, width) of each cell of a row; the Stop button follows.
 COLUMNS = (("trial", "130px"), ("params", "230px"), ("state", "112px"), ("iter", "52px"), ("latest", "86px"),
            ("best", "86px"), ("ended", "150px"))
 BEST_BACKGROUND = "#fff8e1"
-
-
-def badge(state: str) -> str:
-    colour = STATE_COLOURS.get(state, "#6c757d")
-    return (f'<span style="background:{colour};color:white;padding:1px 8px;border-radius:9px;'
-            f'font-size:12px">{html.escape(state)}</span>')
-
-
-def _cell(width: str, value: str = "") -> w.HTML:
-    return w.HTML(value=value, layout=w.Layout(width=width, min_width=width, margin="0 4px 0 0"))
 
 
 def set_if_changed(widget: Any, name: str, value: Any) -> None:
@@ -38,7 +29,7 @@ def set_if_changed(widget: Any, name: str, value: Any) -> None:
 
 def header_row(metric: str) -> w.HBox:
     titles = {"latest": metric, "best": f"best {metric}"}
-    return w.HBox([_cell(width, f"<b>{html.escape(titles.get(name, name))}</b>") for name, width in COLUMNS],
+    return w.HBox([row_cell(width, f"<b>{html.escape(titles.get(name, name))}</b>") for name, width in COLUMNS],
                   layout=w.Layout(border_bottom="1px solid #ccc"))
 
 
@@ -81,13 +72,13 @@ class TrialRowWidgets:
     def __init__(self, trial_id: str, on_stop: Callable[[str], Any]) -> None:
         widths = dict(COLUMNS)
         self.trial_id = trial_id
-        self.trial = _cell(widths["trial"], f"<b>{html.escape(trial_id)}</b>")
-        self.params = _cell(widths["params"])
-        self.state = _cell(widths["state"])
-        self.iterations = _cell(widths["iter"])
-        self.latest = _cell(widths["latest"])
-        self.best = _cell(widths["best"])
-        self.ended = _cell(widths["ended"])
+        self.trial = row_cell(widths["trial"], f"<b>{html.escape(trial_id)}</b>")
+        self.params = row_cell(widths["params"])
+        self.state = row_cell(widths["state"])
+        self.iterations = row_cell(widths["iter"])
+        self.latest = row_cell(widths["latest"])
+        self.best = row_cell(widths["best"])
+        self.ended = row_cell(widths["ended"])
         self.stop = w.Button(description="Stop", icon="stop", layout=w.Layout(width="76px"))
         self.stop.add_class("rtnb-trial-stop")
         self.stop.on_click(lambda _button: on_stop(trial_id))
@@ -102,7 +93,7 @@ class TrialRowWidgets:
         """Show ``texts`` (made by :func:`row_texts` under the model's lock; widgets are set outside it)."""
         set_if_changed(self.trial, "value", texts.trial)
         set_if_changed(self.params, "value", texts.params)
-        set_if_changed(self.state, "value", badge(texts.state))
+        set_if_changed(self.state, "value", state_badge(texts.state, STATE_COLOURS))
         set_if_changed(self.iterations, "value", texts.iterations)
         set_if_changed(self.latest, "value", texts.latest)
         set_if_changed(self.best, "value", texts.best)
