@@ -10,7 +10,7 @@ import pytest
 
 from raytrain_nb import Result, ScalingConfig
 from raytrain_nb._internal.errors import RankFailure, ResourceError, WorkerDiedError, WorkerError
-from raytrain_nb._internal.group import placement
+from raytrain_nb._internal.group import placement, policy
 from raytrain_nb._internal.group.slots import Slot, SlotTable
 from raytrain_nb._internal.group.state import SlotState
 from raytrain_nb._internal.train import elastic
@@ -46,7 +46,7 @@ def no_wait(monkeypatch):
     monkeypatch.setattr(elastic, "ELASTIC_WAIT_S", 0.0)
     monkeypatch.setattr(elastic, "RESOURCE_WAIT_S", 0.0)
     retired = []
-    monkeypatch.setattr(elastic, "retire", lambda slots: retired.append([s.bundle for s in slots]))
+    monkeypatch.setattr(policy, "retire", lambda slots: retired.append([s.bundle for s in slots]))
     return retired
 
 
@@ -54,21 +54,21 @@ def test_decisions(no_wait, monkeypatch):
     fixed, flexible = ScalingConfig(num_workers=2), ScalingConfig(num_workers=(1, 3))
     raised = WorkerError([RankFailure(1, "ValueError", "boom"), RankFailure(0, "RuntimeError", "Connection reset by peer",
                                                                            collateral=True)])
-    assert isinstance(elastic.decide(FakeGroup(["failed", "idle"]), raised, fixed), elastic.Retry)
+    assert isinstance(elastic.decide(FakeGroup(["failed", "idle"]), raised, fixed), policy.Retry)
     died = WorkerError([_died(1)])
     monkeypatch.setattr(placement, "bundles_placed", lambda places: [True] * len(places))  # a killed process: its place is there
     decision = elastic.decide(FakeGroup(["idle", "dead"]), died, flexible)
-    assert decision == elastic.Restart([1], decision.reason) and "resources are free" in decision.reason
+    assert decision == policy.Restart([1], decision.reason) and "resources are free" in decision.reason
     assert no_wait == [[1]]  # the dead worker is retired before its place is looked at
     monkeypatch.setattr(placement, "bundles_placed", lambda places: [False] * len(places))  # a lost node
     decision = elastic.decide(FakeGroup(["idle", "dead", "idle"]), died, flexible)
-    assert decision.num_workers == 2 and isinstance(decision, elastic.Resize)
+    assert decision.num_workers == 2 and isinstance(decision, policy.Resize)
     assert "continuing with 2 worker(s)" in decision.reason
     with pytest.raises(ResourceError, match=r"rank\(s\) 1 died .* did not come back .*elastic ScalingConfig"):
         elastic.decide(FakeGroup(["idle", "dead"]), died, fixed)
     with pytest.raises(ResourceError, match=r"at least 2 needed"):
         elastic.decide(FakeGroup(["idle", "dead"]), died, ScalingConfig(num_workers=(2, 3)))
-    assert isinstance(elastic.decide(FakeGroup(["dead"]), WorkerError([_died(0)]), fixed), elastic.Recreate)
+    assert isinstance(elastic.decide(FakeGroup(["dead"]), WorkerError([_died(0)]), fixed), policy.Recreate)
 
 
 def test_retire_lets_ray_record_deaths_before_killing(monkeypatch):
@@ -237,3 +237,16 @@ def test_without_a_front_end_the_core_says_what_is_missing(monkeypatch):
     assert frontend.show_fit_dashboard("g") is False  # fit() shows text progress
     with pytest.raises(GroupError, match=r"no dashboard front end is registered.*%dist_status"):
         frontend.dashboard("g")
+
+
+def test_cells_and_fit_share_one_failure_policy(no_wait):
+    """--on-failure's policy is the trainer's, set for cells: no retry of a cell that raised, no new group."""
+    died = WorkerError([_died(1)])
+    raised = WorkerError([RankFailure(1, "ValueError", "boom")])
+    restart, rescale = policy.FailurePolicy("restart"), policy.FailurePolicy("rescale")
+    assert restart.decide(FakeGroup(["idle", "dead"]), died) == policy.Restart([1], "rank(s) 1 died: replacing them")
+    assert no_wait == []  # the restart itself waits for the place (up to the group's placement timeout)
+    assert rescale.decide(FakeGroup(["idle", "dead", "idle"]), died) == \
+        policy.Resize(2, "rank(s) 1 died: continuing with 2 worker(s)")
+    assert restart.decide(FakeGroup(["failed", "idle"]), raised) is None
+    assert rescale.decide(FakeGroup(["dead", "dead"]), died) is None

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, List
 from ..errors import WorkerError
 from .executor import carry_out
 from .plans import RecoveryPlan, check_size, plan_recovery
+from .policy import FailurePolicy
+from .policy import carry_out as policy_carry_out
 
 if TYPE_CHECKING:  # the group calls in here; this module never imports it at run time
     from .group import WorkerGroup
@@ -59,18 +61,18 @@ def rescale(group: "WorkerGroup", num_workers: int) -> None:
                 " (fresh processes for every rank)" if group.kind.fresh_processes else "")
 
 
-def recover_and_retry(group: "WorkerGroup", exc: Exception, policy: str, attempt: int, max_failures: int,
+def recover_and_retry(group: "WorkerGroup", exc: Exception, mode: str, attempt: int, max_failures: int,
                       sink: Any) -> bool:
-    """Apply ``--on-failure``: recover from dead workers and say so; False to re-raise."""
-    deaths = exc.deaths if isinstance(exc, WorkerError) else []
-    if policy == "raise" or not deaths or (0 <= max_failures <= attempt):
+    """Apply ``--on-failure`` (the group's one failure policy, ``policy.py``): recover from dead workers and say
+    so; False to re-raise (``raise``, no worker died, every worker died, or no tries left)."""
+    if mode == "raise" or not isinstance(exc, WorkerError) or not exc.deaths or (0 <= max_failures <= attempt):
         return False
-    ranks = ", ".join(str(d.rank) for d in deaths)
+    decision = FailurePolicy(mode).decide(group, exc)
+    if decision is None:
+        return False
     limit = "no limit" if max_failures < 0 else f"{attempt + 1}/{max_failures}"
-    sink.notice(f"rank(s) {ranks} died ({deaths[0].cause}); --on-failure {policy} "
-                f"({limit}): recovering, then running the cell again")
-    if policy == "restart":
-        restart(group)
-    else:
-        rescale(group, len(group.slots.live_ranks()))
+    ranks = ", ".join(str(d.rank) for d in exc.deaths)
+    sink.notice(f"rank(s) {ranks} died ({exc.deaths[0].cause}); --on-failure {mode} ({limit}): recovering, then "
+                "running the cell again")
+    policy_carry_out(group, decision)
     return True

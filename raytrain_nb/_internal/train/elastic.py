@@ -1,7 +1,8 @@
 """What a trainer does after a failed attempt, and when an elastic run grows: decisions as data.
 
-:func:`decide` looks at the failure and the cluster and returns one small decision;
-:func:`carry_out` is the one place that acts on it, through the group's public methods:
+:func:`decide` asks the group's one failure policy (``group/policy.py``, which cells' ``--on-failure``
+uses too) for one small decision; :func:`~raytrain_nb._internal.group.policy.carry_out` is the one place that acts on it, through the group's
+public methods:
 
 - :class:`Retry`: every worker is alive (the loop raised; the core already re-formed the process
   group on the same workers): run the loop again.
@@ -19,15 +20,14 @@ checkpoint (``get_checkpoint()``).
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
-from typing import TYPE_CHECKING, Dict, List, Union
+from typing import TYPE_CHECKING, Dict
 
 from .. import settings
-from ..errors import ResourceError, WorkerError
-from ..group.placement import await_bundles, bundles_placed
-from ..group.retiring import retire
+from ..errors import WorkerError
+from ..group.placement import bundles_placed
+from ..group.policy import Decision, FailurePolicy
 
 if TYPE_CHECKING:
     from ..group.group import WorkerGroup
@@ -41,83 +41,17 @@ ELASTIC_WAIT_S = settings.elastic_wait_s()
 RESOURCE_WAIT_S = settings.resource_wait_s()
 
 
-@dataclasses.dataclass(frozen=True)
-class Retry:
-    reason: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Restart:
-    ranks: List[int]
-    reason: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Resize:
-    num_workers: int
-    reason: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Recreate:
-    num_workers: int
-    reason: str
-
-
-Decision = Union[Retry, Restart, Resize, Recreate]
-
-
-def dead_ranks(exc: WorkerError) -> List[int]:
-    """Ranks whose worker process died or stopped answering."""
-    return sorted({death.rank for death in exc.deaths})
-
-
-def _gone(group: "WorkerGroup") -> List[int]:
-    return group.slots.gone_ranks()
-
-
-def _places_ready(group: "WorkerGroup", ranks: List[int], wait_s: float) -> bool:
-    """Whether the places of dead ``ranks`` can take new workers within ``wait_s``.
-
-    The dead workers are retired first (:func:`.retiring.retire`): until Ray declares a lost node
-    dead, its bundles still look placed.
-    """
-    slots = [group.slots[r] for r in ranks]
-    retire(slots)
-    return await_bundles([(s.pg, s.bundle) for s in slots], wait_s)
-
-
 def decide(group: "WorkerGroup", exc: WorkerError, scaling: "ScalingConfig") -> Decision:
-    """The recovery for a failed attempt (see the module docstring)."""
-    group.status()  # a death Ray knows of but the monitor has not marked yet counts
-    dead = sorted(set(dead_ranks(exc)) | set(_gone(group)))
-    alive = group.num_workers - len(dead)
-    if not dead:
-        return Retry("the training function raised; every worker is alive")
-    if alive == 0:
-        return Recreate(group.num_workers, "every worker died")
-    wait = ELASTIC_WAIT_S if scaling.elastic else RESOURCE_WAIT_S
-    if _places_ready(group, dead, wait):
-        return Restart(dead, f"rank(s) {', '.join(map(str, dead))} died; their resources are free")
-    if scaling.elastic and alive >= scaling.min_workers:
-        return Resize(alive, f"rank(s) {', '.join(map(str, dead))} died and their resources did not come back "
-                             f"within {wait:g} s: continuing with {alive} worker(s)")
-    need = "" if not scaling.elastic else f" (at least {scaling.min_workers} needed)"
-    raise ResourceError(f"rank(s) {', '.join(map(str, dead))} died and their resources did not come back within "
-                        f"{wait:g} s{need}: the node is probably gone; add resources to the cluster, or use an "
-                        "elastic ScalingConfig(num_workers=(min, max))")
-
-
-def carry_out(group: "WorkerGroup", decision: Decision) -> None:
-    """Act on a decision (never for :class:`Recreate`, which the trainer does by starting a group).
-
-    The group's restart and rescale first settle the reported checkpoints the failure left, so the
-    next attempt resumes from the newest complete one.
-    """
-    if isinstance(decision, Restart):
-        group.restart()
-    elif isinstance(decision, Resize):
-        group.rescale(decision.num_workers)
+    """The recovery for a failed attempt of ``fit()``: the group's one failure policy (``group/policy.py``),
+    set for a trainer: a loop that raised runs again, a group with no live worker is made anew, a dead rank's
+    place may take ``RESOURCE_WAIT_S`` to come back (``ELASTIC_WAIT_S`` for an elastic run, which then goes on
+    with the survivors, down to ``min``)."""
+    policy = FailurePolicy("restart", retry_raised=True, recreate=True,
+                           wait_s=ELASTIC_WAIT_S if scaling.elastic else RESOURCE_WAIT_S,
+                           min_workers=scaling.min_workers if scaling.elastic else None)
+    decision = policy.decide(group, exc)
+    assert decision is not None  # retry_raised and recreate: every failure has a decision
+    return decision
 
 
 def _fits(resources: Dict[str, float], bundle: Dict[str, float]) -> int:

@@ -18,6 +18,7 @@ from ..errors import (CheckpointError, ConfigError, GroupError, ResourceError, T
                       cut_lines, format_ranks, merge_failures)
 from ..group.config import GroupConfig
 from ..group.datasets import attach, ensure_fresh
+from ..group import policy
 from ..group.group import WorkerGroup
 from . import elastic
 from .callbacks import CallbackRunner, TrainRunContext
@@ -255,20 +256,20 @@ class FitRun:
             group = self.group
             try:
                 if grow_to is not None:
-                    decision: elastic.Decision = elastic.Resize(grow_to, f"growing to {grow_to} workers")
+                    decision: policy.Decision = policy.Resize(grow_to, f"growing to {grow_to} workers")
                 else:
                     decision = elastic.decide(group, exc, self.scaling)
-                if self.t.fresh_processes and not isinstance(decision, elastic.Recreate):
-                    decision = elastic.Recreate(group.num_workers, f"{decision.reason}; fresh processes for every "
+                if self.t.fresh_processes and not isinstance(decision, policy.Recreate):
+                    decision = policy.Recreate(group.num_workers, f"{decision.reason}; fresh processes for every "
                                                 f"rank ({type(self.t).__name__}: {self.t.fresh_processes})")
                 if grow_to is None:
                     self._notice(f"{why}: {decision.reason}; the loop runs again from the newest checkpoint")
-                if isinstance(decision, elastic.Recreate):
+                if isinstance(decision, policy.Recreate):
                     group.shutdown()  # the new group's run storage settles what the failure left
                     self.group = None
                     self._start_group()
                 else:
-                    elastic.carry_out(group, decision)
+                    policy.carry_out(group, decision)
                 return
             except GroupError as err:
                 if isinstance(err, ResourceError) or attempt == RECOVERY_TRIES or self.group is None:
