@@ -1,9 +1,11 @@
-"""What tests that use a real worker group share: starting one, quiet runs, output markers, parameters."""
+"""What tests that use a real worker group share: starting one, quiet runs, output markers, parameters, and the one
+check that every rank holds the same state."""
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
-from typing import Any, Iterator, List
+from typing import Any, Iterator, List, Mapping, Optional, Sequence
 
 from raytrain_nb import WorkerGroup
 from raytrain_nb._internal.output import CollectSink
@@ -78,3 +80,42 @@ class MarkerSink(CollectSink):
         super().notice(text)
         if self.on_notice:
             self.seen.set()
+
+
+def state_difference(a: Any, b: Any, where: str = "") -> Optional[str]:
+    """Where two pulled states differ, or None when they are equal.
+
+    Tensors (torch) and arrays (numpy, or anything with a shape and a dtype) compare by shape and value, mappings by
+    keys then value, lists and tuples by length then item, anything else with ``==``. ``where`` names the place
+    (``[0][3]``, ``['model']['weight']``) in the answer.
+    """
+    at = where or "the top"
+    torch, numpy = sys.modules.get("torch"), sys.modules.get("numpy")  # loaded by whatever made a tensor or an array
+    if torch is not None and (isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor)):
+        same = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+        return None if same else f"{at}: tensors differ"
+    if numpy is not None and all(hasattr(x, "shape") and hasattr(x, "dtype") for x in (a, b)):
+        return None if numpy.array_equal(numpy.asarray(a), numpy.asarray(b)) else f"{at}: arrays differ"
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        if a.keys() != b.keys():
+            return f"{at}: keys {sorted(map(str, a))} against {sorted(map(str, b))}"
+        return next((d for k in a for d in [state_difference(a[k], b[k], f"{where}[{k!r}]")] if d), None)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return f"{at}: {len(a)} items against {len(b)}"
+        return next((d for i, (x, y) in enumerate(zip(a, b)) for d in [state_difference(x, y, f"{where}[{i}]")] if d),
+                    None)
+    return None if a == b else f"{at}: {a!r} against {b!r}"
+
+
+def same_state(a: Any, b: Any) -> bool:
+    """Whether two pulled states are equal (see :func:`state_difference`)."""
+    return state_difference(a, b) is None
+
+
+def assert_ranks_identical(per_rank: Sequence[Any], what: str = "state") -> None:
+    """Every rank's pulled ``what`` (parameters, optimizer state, step: any nesting) equals rank 0's."""
+    assert len(per_rank) >= 1, f"no rank's {what} to compare"
+    for rank, other in enumerate(per_rank[1:], start=1):
+        difference = state_difference(per_rank[0], other)
+        assert difference is None, f"rank {rank}'s {what} differs from rank 0's at {difference}"

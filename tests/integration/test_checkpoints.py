@@ -6,13 +6,12 @@ import signal
 import threading
 
 import pytest
-import torch
 
 from raytrain_nb import WorkerGroup
 from raytrain_nb._internal.errors import CheckpointError, GroupError, StorageError
 from raytrain_nb._internal.output import CollectSink
 
-from ..groups import quiet
+from ..groups import quiet, same_state
 from ..waiting import wait_for
 
 SETUP = """
@@ -40,12 +39,6 @@ def state_by_rank(group):
     return group.pull("_state", rank=None)
 
 
-def same(a, b):
-    pa, ma, ea = a
-    pb, mb, eb = b
-    return ea == eb and all(torch.equal(x, y) for x, y in zip(pa + ma, pb + mb))
-
-
 @pytest.fixture(scope="module")
 def group(ray_session, tmp_path_factory):
     group = WorkerGroup(2, storage_path=str(tmp_path_factory.mktemp("runs")), name="ckpt-run",
@@ -63,16 +56,16 @@ def test_round_trip_restores_parameters_and_optimizer_state_in_place(group):
     ids = group.run("(id(model), id(opt), id(sched))", output="all", sink=CollectSink()).values
     quiet(group, TRAIN.format(n=3))
     after_a = state_by_rank(group)
-    assert not same(after_a[0], before[0])
+    assert not same_state(after_a[0], before[0])
     result = group.rollback("round-trip")
     assert set(result.restored) >= {"model", "opt", "sched", "step"}
     rolled = state_by_rank(group)
-    assert all(same(r, b) for r, b in zip(rolled, before)), "rollback did not restore params+momentum"
+    assert all(same_state(r, b) for r, b in zip(rolled, before)), "rollback did not restore params+momentum"
     assert group.run("(id(model), id(opt), id(sched))", output="all", sink=CollectSink()).values == ids
     assert group.pull("step") == 4
     quiet(group, TRAIN.format(n=3))  # same RNG, same data: training matches the run that never diverged
     again = state_by_rank(group)
-    assert all(same(x, y) for x, y in zip(again, after_a))
+    assert all(same_state(x, y) for x, y in zip(again, after_a))
 
 
 def test_rollback_lists_plain_variables_that_changed(group):
@@ -89,7 +82,7 @@ def test_async_save_writes_the_state_at_the_call(group):
     quiet(group, TRAIN.format(n=5))  # trains while the snapshot is written
     assert "async-one" in [e.name for e in group.checkpoints()]
     group.rollback("async-one")
-    assert all(same(r, b) for r, b in zip(state_by_rank(group), before))
+    assert all(same_state(r, b) for r, b in zip(state_by_rank(group), before))
 
 
 class StartedSink(CollectSink):
@@ -181,7 +174,7 @@ def test_listing_and_rolling_back_from_a_new_group(group, tmp_path):
         names = [e.name for e in CheckpointManager.load(os.path.join(group.storage_path, "ckpt-run")).list()]
         assert "for-new-group" in names
         other.rollback("for-new-group", run="ckpt-run")
-        assert same(state_by_rank(other)[0], saved)
+        assert same_state(state_by_rank(other)[0], saved)
     finally:
         other.shutdown()
 
@@ -198,7 +191,7 @@ def test_bad_rollbacks_say_what_is_wrong(group):
     before = state_by_rank(group)
     with pytest.raises(GroupError, match=r"replicated.pt"):
         group.rollback("to-damage")
-    assert all(same(a, b) for a, b in zip(state_by_rank(group), before)), "a damaged file was half-loaded"
+    assert all(same_state(a, b) for a, b in zip(state_by_rank(group), before)), "a damaged file was half-loaded"
     group.checkpoint(name="lost-object")
     quiet(group, "sched2 = sched\ndel sched")
     with pytest.raises(GroupError, match=r"sched \(scheduler\) no longer exist"):
@@ -256,6 +249,6 @@ def test_worker_killed_while_writing_leaves_previous_snapshot_loadable(ray_sessi
         assert any("background checkpoint failed" in n and "partial: a worker died while writing it" in n
                    for n in sink.notices)
         group.rollback("good")
-        assert all(same(a, b) for a, b in zip(state_by_rank(group), saved))
+        assert all(same_state(a, b) for a, b in zip(state_by_rank(group), saved))
     finally:
         group.shutdown()

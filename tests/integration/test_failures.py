@@ -16,7 +16,7 @@ from raytrain_nb import GroupError, WorkerError, WorkerGroup
 from raytrain_nb._internal.output import CollectSink
 
 from ..groups import MarkerSink as MarkSink
-from ..groups import quiet
+from ..groups import assert_ranks_identical, quiet, same_state
 from ..waiting import wait_for
 
 SETUP = """
@@ -44,12 +44,6 @@ def rank_state(group):
     group.run("_s = ([p.detach().clone() for p in model.parameters()], "
           "[v['momentum_buffer'].clone() for v in opt.state.values()], step)", sink=CollectSink())
     return group.pull("_s", rank=None)
-
-
-def identical(states):
-    first = states[0]
-    return all(s[2] == first[2] and all(torch.equal(a, b) for a, b in zip(s[0] + s[1], first[0] + first[1]))
-               for s in states[1:])
 
 
 def kill_when(sink, pid, sig=signal.SIGKILL):
@@ -122,10 +116,10 @@ def test_kill_mid_cell_names_the_rank_fast_and_restart_copies_a_peers_state(grou
         quiet(group, "1")
     assert group.restart() == [1]
     assert group.status()[1].pid != victim.pid
-    assert identical(rank_state(group)), "the replacement did not get the survivor's params/momentum/step"
+    assert_ranks_identical(rank_state(group), "params/momentum/step (a replacement gets the survivor's)")
     assert group.run("rank", ranks=[1], sink=CollectSink()).value == "1"  # its own rank, not copied
     quiet(group, EPOCH)
-    assert identical(rank_state(group))
+    assert_ranks_identical(rank_state(group))
 
 
 def test_kill_while_idle_is_noticed_and_shown_dead(group):
@@ -153,7 +147,7 @@ def test_sigstop_is_reported_after_the_heartbeat_timeout(group):
         os.kill(victim, signal.SIGCONT)
     group.restart()
     quiet(group, EPOCH)
-    assert identical(rank_state(group))
+    assert_ranks_identical(rank_state(group))
 
 
 def test_rescale_2_1_2_keeps_training_where_it_was(group):
@@ -163,18 +157,20 @@ def test_rescale_2_1_2_keeps_training_where_it_was(group):
     assert group.run("(train.get_context().get_world_size(), len(loader), loader.sampler.num_replicas)",
                  sink=CollectSink()).value == "(1, 12, 1)"
     after_shrink = rank_state(group)[0]
-    assert after_shrink[2] == before[2] and all(torch.equal(a, b) for a, b in zip(after_shrink[0], before[0]))
+    assert same_state((after_shrink[0], after_shrink[2]), (before[0], before[2]))
     quiet(group, EPOCH)
     group.rescale(2)
     ctx = group.run("(train.get_context().get_world_rank(), train.get_context().get_world_size(), len(loader))",
                 output="all", sink=CollectSink()).values
     assert [v[0]["text/plain"] for v in ctx.values()] == ["(0, 2, 6)", "(1, 2, 6)"]
     states = rank_state(group)
-    assert identical(states) and states[0][2] == before[2] + 12
+    assert_ranks_identical(states)
+    assert states[0][2] == before[2] + 12
     losses = []
     group.subscribe_metrics(lambda recs: losses.extend(r["metrics"]["loss"] for r in recs if r["rank"] == 0))
     quiet(group, EPOCH)
-    assert identical(rank_state(group)) and losses
+    assert_ranks_identical(rank_state(group))
+    assert losses
 
 
 def test_a_loader_a_new_rank_receives_from_its_peer_is_resharded_for_it(group):
@@ -214,7 +210,7 @@ def test_when_every_worker_died_restart_from_a_checkpoint_needs_no_survivor(ray_
         assert group.restart(from_checkpoint="before") == [0]
         restored = rank_state(group)[0]
         # the model and optimizer are the snapshot's (plain variables such as step only when named in vars=)
-        assert all(torch.equal(a, b) for a, b in zip(restored[0] + restored[1], saved[0] + saved[1]))
+        assert same_state(restored[:2], saved[:2])
         quiet(group, EPOCH)  # and it trains on
     finally:
         group.shutdown()
@@ -230,9 +226,9 @@ def test_kill_two_of_three_then_restart_both(ray_session):
         os.kill(pids[2], signal.SIGKILL)
         wait_for(lambda: [s.state for s in group.status()] == ["dead", "idle", "dead"], 30, "ranks 0 and 2 to show dead")
         assert group.restart() == [0, 2]
-        assert identical(rank_state(group))
+        assert_ranks_identical(rank_state(group))
         quiet(group, EPOCH)
-        assert identical(rank_state(group))
+        assert_ranks_identical(rank_state(group))
     finally:
         group.shutdown()
 
@@ -246,7 +242,7 @@ def test_replacement_replays_setup_cells_including_a_later_helper(group):
     assert group.run("scaled_step(2)", output="all", sink=CollectSink()).values[0][0]["text/plain"] == \
         str(2 * group.pull("step", rank=1))
     quiet(group, EPOCH)
-    assert identical(rank_state(group))
+    assert_ranks_identical(rank_state(group))
 
 
 def test_on_failure_restart_recovers_and_reruns_the_cell(group):
@@ -258,7 +254,7 @@ def test_on_failure_restart_recovers_and_reruns_the_cell(group):
     group.run(cell, sink=sink, output="all", on_failure="restart", max_failures=2)
     assert any("--on-failure restart (1/2)" in n for n in sink.notices)
     assert group.pull("epochs_done", rank=None) == [4, 4]
-    assert identical(rank_state(group))
+    assert_ranks_identical(rank_state(group))
 
 
 def test_spare_takes_over_a_dead_rank(ray_session):
@@ -270,7 +266,7 @@ def test_spare_takes_over_a_dead_rank(ray_session):
         wait_for(lambda: group.status()[1].state == "dead", 30, "rank 1 to show dead")
         group.restart()
         assert group.status()[1].pid == spare_pid and len(group.slots.spares) == 1
-        assert identical(rank_state(group))
+        assert_ranks_identical(rank_state(group))
     finally:
         group.shutdown()
 

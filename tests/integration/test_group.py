@@ -9,7 +9,7 @@ import pytest
 from raytrain_nb import GroupError, ResourceError, WorkerError, WorkerGroup
 from raytrain_nb._internal.output import CollectSink
 
-from ..groups import STEP, rank_params
+from ..groups import STEP, assert_ranks_identical, rank_params
 
 
 class TimedSink(CollectSink):
@@ -157,8 +157,7 @@ def test_status_has_one_row_per_rank(group):
 
 def test_training_keeps_ranks_identical(group):
     group.run(STEP * 3, sink=CollectSink())
-    p0, p1 = rank_params(group)
-    assert all((a == b).all() for a, b in zip(p0, p1))
+    assert_ranks_identical(rank_params(group), "parameters")
 
 
 @pytest.mark.exclusive  # a timing bound: the other test lane waits (tests/lanes.py)

@@ -11,7 +11,7 @@ import pytest
 from raytrain_nb import WorkerError, WorkerGroup
 from raytrain_nb._internal.output import CollectSink
 
-from ..groups import SETUP, STEP, MarkerSink, rank_params, set_up_group
+from ..groups import SETUP, STEP, MarkerSink, assert_ranks_identical, rank_params, set_up_group
 
 BLOCK_RANK0_IN_BACKWARD = """
 loss = model(torch.randn(32, 10)).pow(2).mean()
@@ -37,8 +37,7 @@ def assert_trains_identically(g):
     g.run(STEP, sink=CollectSink())
     ids = g.run("id(model) == model_id", output="all", sink=CollectSink()).values
     assert [v[0]["text/plain"] for v in ids.values()] == ["True", "True"]
-    p0, p1 = rank_params(g)
-    assert all((a == b).all() for a, b in zip(p0, p1))
+    assert_ranks_identical(rank_params(g), "parameters")
 
 
 def _fd_and_threads(g):

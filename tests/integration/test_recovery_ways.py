@@ -12,12 +12,11 @@ import signal
 import threading
 
 import pytest
-import torch
 
 from raytrain_nb import RecoveryError, WorkerError, WorkerGroup
 from raytrain_nb._internal.output import CollectSink
 
-from ..groups import FIRST_CELL, MarkerSink
+from ..groups import FIRST_CELL, MarkerSink, assert_ranks_identical
 from ..waiting import bounded
 
 TRAIN_FOREVER = "print('training', flush=True)\nwhile True:\n    steps(1)"
@@ -57,18 +56,6 @@ def states(group, objects):
     return bounded(60, "pulling the state", lambda: group.pull("_st", rank=None))
 
 
-def assert_equal_state(per_rank):
-    first = per_rank[0]
-    for rank, other in enumerate(per_rank[1:], start=1):
-        assert other.keys() == first.keys(), f"rank {rank} holds {sorted(other)}, rank 0 {sorted(first)}"
-        for name in first:
-            assert other[name].keys() == first[name].keys(), f"rank {rank}: {name} has other entries"
-            for key, value in first[name].items():
-                mine = other[name][key]
-                same = torch.equal(mine, value) if isinstance(value, torch.Tensor) else mine == value
-                assert same, f"rank {rank}: {name} {key} differs from rank 0's"
-
-
 def kill_rank_mid_cell(group, rank, source):
     """Run ``source`` (which prints 'training', then loops) and SIGKILL ``rank``'s process once it trains."""
     sink = MarkerSink()
@@ -92,13 +79,13 @@ def test_issue_scenario_first_cell_trains_then_kill_restart_rescale_1_2(ray_sess
         kill_rank_mid_cell(group, 1, TRAIN_FOREVER)
         assert bounded(120, "%dist_restart", group.restart) == [1]
         run(group, "steps(3)")
-        assert_equal_state(states(group, "{'model': model, 'opt': opt}"))
+        assert_ranks_identical(states(group, "{'model': model, 'opt': opt}"))
         bounded(120, "%dist_rescale 1", lambda: group.rescale(1))
         run(group, "steps(3)")
         bounded(120, "%dist_rescale 2", lambda: group.rescale(2))
         run(group, "steps(3)")
         per_rank = states(group, "{'model': model, 'opt': opt}")
-        assert_equal_state(per_rank)
+        assert_ranks_identical(per_rank)
         assert per_rank[0]["opt"], "the optimizer's momentum was not kept"
         # The new rank's optimizer steps the model it holds (not a copy), and DDP keeps ranks equal.
         assert run(group, "any(p is q for p in model.parameters() for q in opt.param_groups[0]['params'])",
@@ -173,13 +160,13 @@ def test_a_replacement_and_a_new_rank_get_the_same_named_objects_however_they_we
         again = "\n".join(WAYS[way][2] for way in sorted(WAYS))
         os.kill(group.status()[1].pid, signal.SIGKILL)
         bounded(120, "%dist_restart", group.restart)
-        assert_equal_state(states(group, ALL_OBJECTS))
+        assert_ranks_identical(states(group, ALL_OBJECTS))
         run(group, again)
-        assert_equal_state(states(group, ALL_OBJECTS))
+        assert_ranks_identical(states(group, ALL_OBJECTS))
         bounded(120, "%dist_rescale 3", lambda: group.rescale(3))
         run(group, again)
         per_rank = states(group, ALL_OBJECTS)
-        assert_equal_state(per_rank)
+        assert_ranks_identical(per_rank)
         assert {name.split(": ")[0] for name in per_rank[0]} == set(WAYS), sorted(per_rank[0])
     finally:
         group.shutdown()
@@ -195,14 +182,14 @@ def test_an_object_a_new_rank_cannot_get_fails_fast_naming_it_and_the_survivors_
         with pytest.raises(RecoveryError, match=r"lock \(TypeError: cannot pickle '_thread.lock'.*--setup"):
             bounded(60, "%dist_rescale 3", lambda: group.rescale(3))
         assert group.num_workers == 2 and group.state == "idle"
-        assert_equal_state([before[0], *states(group, "{'model': model, 'opt': opt}")])
+        assert_ranks_identical([before[0], *states(group, "{'model': model, 'opt': opt}")])
         # Restart: the same, fast; the survivor keeps its state and the group can go on without the lost rank.
         os.kill(group.status()[1].pid, signal.SIGKILL)
         with pytest.raises(RecoveryError, match="lock"):
             bounded(60, "%dist_restart", group.restart)
         assert [r.state for r in group.status()] == ["idle", "dead"]
         bounded(60, "%dist_rescale 1", lambda: group.rescale(1))
-        assert_equal_state([before[0], *states(group, "{'model': model, 'opt': opt}")])
+        assert_ranks_identical([before[0], *states(group, "{'model': model, 'opt': opt}")])
         run(group, "steps(1)")
         # The way out the message names: a cell marked --setup is replayed, so new ranks make their own lock.
         run(group, "lock = threading.Lock()", setup=True)

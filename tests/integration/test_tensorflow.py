@@ -17,7 +17,7 @@ import pytest
 
 from raytrain_nb._internal.worker.framework import STOP_AFTER_PEER_FAILURE_S
 
-from ..groups import quiet
+from ..groups import assert_ranks_identical, quiet, same_state
 from .test_examples import port
 
 # Looked up, not imported: the test lane that runs this module loads TensorFlow when its tests run (the example,
@@ -100,16 +100,15 @@ def test_fit_in_cells_trains_one_model_over_every_ranks_data_and_reports_checkpo
                     "history = model.fit(data, epochs=3, verbose=0, callbacks=[ReportCheckpointCallback()])\n"
                     "weights, losses = model.get_weights(), history.history['loss']")
     first, second = tf_group.pull("weights", rank=None)
-    for a, b in zip(first, second):  # different data on each rank: equal weights mean the gradients were averaged
-        assert (a == b).all()
+    # different data on each rank: equal weights mean the gradients were averaged
+    assert_ranks_identical([first, second], "weights")
     losses = tf_group.pull("losses", rank=None)
     assert losses[0] == losses[1] and losses[0][-1] < losses[0][0] < tf_group.pull("before"), losses
     # the callback reported a checkpoint per epoch; the newest holds the model every rank has now
     entries = tf_group.checkpoints("reported")
     assert len(entries) == reported + 3
     loaded = TensorflowCheckpoint(entries[-1].checkpoint.path).get_model()
-    for a, b in zip(loaded.get_weights(), first):
-        assert (a == b).all()
+    assert same_state(loaded.get_weights(), first)
 
 
 def _state(group):
@@ -118,20 +117,17 @@ def _state(group):
     return group.pull("now", rank=None)
 
 
-def _same(a, b) -> bool:
-    return len(a[0]) == len(b[0]) and all((x == y).all() for x, y in zip(a[0], b[0])) and a[1] == b[1]
-
-
 def test_keras_models_snapshot_and_roll_back_into_the_same_object(tf_group):
     quiet(tf_group, "model.fit(data, epochs=1, verbose=0)\nsame = model")
     saved = _state(tf_group)
-    assert _same(saved[0], saved[1]) and saved[0][1] > 0
+    assert_ranks_identical(saved, "weights and step count")
+    assert saved[0][1] > 0
     tf_group.checkpoint("keras_one_epoch")
     quiet(tf_group, "model.fit(data, epochs=2, verbose=0)")
-    assert not _same(_state(tf_group)[0], saved[0])
+    assert not same_state(_state(tf_group)[0], saved[0])
     assert "model" in tf_group.rollback("keras_one_epoch").restored
     back = _state(tf_group)
-    assert _same(back[0], saved[0]) and _same(back[1], saved[1])  # the weights and the optimizer's step count
+    assert same_state(back, saved)  # every rank's weights and optimizer step count
     assert _value(quiet(tf_group, "same is model"), 0) == "True"
 
 
@@ -161,17 +157,19 @@ def test_a_rank_that_raises_in_the_collective_is_stopped_and_restart_and_rescale
     quiet(tf_group, "tf_config = os.environ['TF_CONFIG']")
     assert tf_group.pull("tf_config", rank=0) != configs[0]
     for weights in (s[0] for s in _state(tf_group)):
-        assert all((a == b).all() for a, b in zip(weights, held))
+        assert same_state(weights, held)
     quiet(tf_group, "model.fit(data, epochs=1, verbose=0)")  # the replayed strategy spans both new processes
     after = _state(tf_group)
-    assert _same(after[0], after[1]) and not all((a == b).all() for a, b in zip(after[0][0], held))
+    assert_ranks_identical(after, "weights and step count")
+    assert not same_state(after[0][0], held)
     tf_group.rescale(1)
     assert _value(quiet(tf_group, "strategy.num_replicas_in_sync"), 0) == "1"
-    assert _same(_state(tf_group)[0], after[0])
+    assert same_state(_state(tf_group)[0], after[0])
     tf_group.rescale(2)
     quiet(tf_group, "model.fit(data, epochs=1, verbose=0)")
     again = _state(tf_group)
-    assert _same(again[0], again[1]) and _value(quiet(tf_group, "strategy.num_replicas_in_sync"), 1) == "2"
+    assert_ranks_identical(again, "weights and step count")
+    assert _value(quiet(tf_group, "strategy.num_replicas_in_sync"), 1) == "2"
 
 
 def _pids(group):
@@ -198,6 +196,4 @@ def test_a_second_strategy_in_a_later_cell_joins_the_same_cluster(tf_group):
                     "model2.fit(data, epochs=1, verbose=0)\n"
                     "weights2, workers = model2.get_weights(), again.num_replicas_in_sync")
     assert tf_group.pull("workers", rank=None) == [2, 2]
-    first, second = tf_group.pull("weights2", rank=None)
-    for a, b in zip(first, second):
-        assert (a == b).all()
+    assert_ranks_identical(tf_group.pull("weights2", rank=None), "weights of the second model")

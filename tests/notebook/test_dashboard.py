@@ -9,12 +9,11 @@ import os
 import signal
 
 import pytest
-import torch
 
 from raytrain_nb._internal.output import CollectSink
 from raytrain_nb.notebook.dashboard.view import dashboard_for
 
-from ..groups import rank_params, set_up_group
+from ..groups import assert_ranks_identical, rank_params, same_state, set_up_group
 from ..waiting import wait_for
 
 pytestmark = pytest.mark.ray
@@ -108,11 +107,11 @@ def test_checkpoint_button_lists_it_and_rollback_restores_parameters(group, dash
     assert "step 9" in dash.checkpoint_list.options[0][0]
     saved = params(group)
     group.run(TRAIN.format(n=5, total="", pause=0), sink=CollectSink())
-    assert any(not torch.equal(a, b) for a, b in zip(saved, params(group)))
+    assert not same_state(saved, params(group))
     assert not dash.buttons["rollback"].disabled
     dash.buttons["rollback"].click()
     assert f"rolled back to {name}" in dash.status.value, dash.status.value
-    assert all(torch.equal(a, b) for a, b in zip(saved, params(group)))
+    assert same_state(saved, params(group))
 
 
 def test_background_cell_checkpoint_mid_cell_then_interrupt(group, dash):
@@ -176,7 +175,7 @@ def test_rescale_button_shrinks_and_grows_the_rows_and_the_group(group, dash):
     assert "the group has 2 workers" in dash.status.value, dash.status.value
     assert sorted(dash.rows) == [0, 1] and "rtnb-state-idle" in dash.rows[1].box._dom_classes
     assert group.run("train.get_context().get_world_size()", sink=CollectSink()).value == "2"
-    assert all(torch.equal(a, b) for a, b in zip(*rank_params(group)))
+    assert_ranks_identical(rank_params(group), "parameters")
 
 
 def test_shutdown_button_stops_the_group_and_the_dashboard(group, dash):
