@@ -14,8 +14,12 @@ from .magic_args import call, need_group
 
 
 def _report_replay(group: Any) -> None:
-    """Say what new ranks went without: setup cells that failed when they replayed them, names no peer could
-    give them (they joined all the same)."""
+    """Say which rank values every rank re-evaluated and which names computed from them it did not, then what
+    new ranks went without: setup cells that failed when they replayed them, names no peer could give them
+    (they joined all the same)."""
+    summary = group.rank_values.summary() if group.rank_values is not None else ""
+    if summary:
+        print(summary)
     if group.replay_failures:
         print("the new rank(s) joined without some of their peers' state:")
         for line in group.replay_failures:

@@ -280,3 +280,27 @@ def test_rescale_beyond_the_cluster_fails_fast_with_numbers(group):
     with pytest.raises(GroupError, match=r"rescale to 0 workers is not possible"):
         group.rescale(0)
     quiet(group, EPOCH)
+
+
+#: A cell that sets rank values and trains: a new rank does not replay it, and `ctx`, `is_main` differ by rank.
+RANK_VALUES = """
+ctx = train.get_context()
+rank = ctx.get_world_rank()
+world_size = train.get_context().get_world_size()
+is_main = rank == 0
+""" + EPOCH
+
+
+def test_rank_values_are_right_on_every_rank_after_a_restart_and_a_rescale(group):
+    quiet(group, RANK_VALUES)
+    assert not group.history[-1].setup
+    os.kill(group.status()[1].pid, signal.SIGKILL)
+    wait_for(lambda: group.status()[1].state == "dead", 30, "rank 1 to show dead")
+    assert group.restart() == [1]
+    assert group.rank_values.reevaluated == ["ctx", "rank", "world_size"] and "is_main" in group.rank_values.dependents
+    assert "computed from them, not re-evaluated (run their cells again): is_main" in group.rank_values.summary()
+    assert group.pull("rank", rank=None) == [0, 1] and group.pull("world_size", rank=None) == [2, 2]
+    assert [c.get_world_rank() for c in group.pull("ctx", rank=None)] == [0, 1]
+    group.rescale(3)
+    assert group.pull("world_size", rank=None) == [3, 3, 3] and group.pull("rank", rank=None) == [0, 1, 2]
+    assert [(c.get_world_rank(), c.get_world_size()) for c in group.pull("ctx", rank=None)] == [(0, 3), (1, 3), (2, 3)]

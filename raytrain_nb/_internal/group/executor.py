@@ -25,6 +25,7 @@ from ..errors import GroupError, RecoveryError
 from .peer_state import copy_to_fresh
 from .placement import await_bundles, bundles_placed, check_cluster, reserve, share_cpus
 from .plans import AwaitPlaces, Carry, CopyFromPeer, Join, LoadCarried, RecoveryPlan, Replay, Reserve, Retire, Spawn
+from .rank_refresh import refresh_rank_values
 from .retiring import kill_worker, retire
 from .slots import Place, Slot
 from .state import GroupState, SlotState
@@ -73,6 +74,7 @@ class Execution:
             raise
         if self.plan.operation == "rescale" or not self.plan.in_place:
             self.group.config = dataclasses.replace(self.group.config, num_workers=self.plan.num_workers)
+        refresh_rank_values(self.group)  # rank, world_size...: right on every rank, survivors too
         self.group.transition(GroupState.IDLE)
         logger.info("%s done: %s", self.plan.operation,
                     ", ".join(f"{type(s).__name__} {t:.2f} s" for s, t in self.timings))
@@ -282,4 +284,5 @@ def back_to(group: "WorkerGroup", keep: List[Slot], new: List[Slot]) -> None:
         group.transition(GroupState.FAILED)
         raise
     group.config = dataclasses.replace(group.config, num_workers=len(keep))
+    refresh_rank_values(group)  # the kept workers' size may differ from before the rescale (dead ones dropped)
     group.transition(GroupState.IDLE)

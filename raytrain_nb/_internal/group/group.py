@@ -24,6 +24,7 @@ from .formation import FormationMixin
 from .liveness import LivenessMixin
 from .monitor import HealthMonitor
 from .placement import reserve, share_cpus
+from .rank_refresh import RankValues
 from .recovery import replace_ranks, rescale, restart
 from .slots import SlotTable
 from .snapshots import RollbackResult, checkpoint, load, rollback, wait_background
@@ -102,6 +103,7 @@ class WorkerGroup(FormationMixin, ExecutionMixin, LivenessMixin):
         self._max_report_index = -1
         self.background: Optional[Any] = None  # the latest BackgroundRun
         self.replay_failures: List[str] = []  # setup cells that failed when a new rank replayed them
+        self.rank_values: Optional[RankValues] = None  # what the latest restart or rescale re-evaluated
         # (rank, state) handed over by a live rank before fresh processes replace every rank (TensorFlow), kept
         # until they have it: a renewal that failed leaves it for the next restart
         self.carried: Optional[Tuple[int, bytes]] = None
@@ -304,6 +306,10 @@ class WorkerGroup(FormationMixin, ExecutionMixin, LivenessMixin):
         optimizers, Keras models, boosters), every new rank replays the setup cells inside the
         backend, and the state is loaded into the objects the cells made again.
 
+        Then every rank runs again the notebook's assignments of its own rank values (``rank =
+        get_context().get_world_rank()``, ``world_size``, ``os.environ["RANK"]``...); :attr:`rank_values`
+        (a ``RankValues``) names them, and the names computed from them that were not re-evaluated.
+
         Returns:
             The ranks replaced.
 
@@ -322,7 +328,8 @@ class WorkerGroup(FormationMixin, ExecutionMixin, LivenessMixin):
         Dead workers are dropped first; new ranks replay the setup cells and get
         a live peer's state; the process group is re-formed at the new size,
         DDP models re-wrapped and ``prepare_data_loader`` samplers re-sharded. On a backend that
-        needs fresh processes (``tensorflow``) every rank is new, as in :meth:`restart`.
+        needs fresh processes (``tensorflow``) every rank is new, as in :meth:`restart`. Rank values
+        (``rank``, ``world_size``...) are re-evaluated on every rank, as in :meth:`restart` (:attr:`rank_values`).
 
         Raises:
             GroupError / ResourceError: a bad size, or not enough resources (names the numbers).

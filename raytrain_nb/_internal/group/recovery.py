@@ -75,4 +75,6 @@ def recover_and_retry(group: "WorkerGroup", exc: Exception, mode: str, attempt: 
     sink.notice(f"rank(s) {ranks} died ({exc.deaths[0].cause}); --on-failure {mode} ({limit}): recovering, then "
                 "running the cell again")
     policy_carry_out(group, decision)
+    if group.rank_values is not None and group.rank_values.summary():
+        sink.notice(group.rank_values.summary())  # rank, world_size...: what was re-evaluated, what was not
     return True

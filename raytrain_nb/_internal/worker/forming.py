@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..backend import deferred_ddp, free_port
 from . import cell as cellmod
-from . import peer_copy, snapshot
+from . import peer_copy, rank_values, snapshot
 from .library_state import library_env, reset_library_state
 from .replicate import sync_replicated
 from .session import TrainContext, WorkerSession, dataset_shards, set_session
@@ -94,6 +94,13 @@ class FormingWorker:
         out["rebound"] = self.pg.join(self.pg.backend, master_addr, master_port, self.rank, context["world_size"],
                                       sync=sync)
         return out
+
+    def refresh_rank_values(self, statements: Sequence[str], names: Sequence[str]) -> Dict[str, Any]:
+        """After joining (the new context set): run again the notebook's assignments of rank values
+        (:func:`.rank_values.plan_rank_values`'s) on the cell thread and keep ``names``.
+
+        Returns ``{"set": names set, "failed": {name: "Type: message"}}``."""
+        return self._cells.call(rank_values.reevaluate, self.namespace, statements, names)
 
     # -- a peer's state through the driver, where no torch process group carries it (peer_copy.py) -------------
 
