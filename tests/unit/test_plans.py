@@ -7,8 +7,8 @@ import raytrain_nb  # noqa: F401 - registers the framework backends
 from raytrain_nb._internal.errors import GroupError
 from raytrain_nb._internal.group import plans
 from raytrain_nb._internal.group.kinds import kind_for
-from raytrain_nb._internal.group.plans import (AwaitPlaces, Carry, CopyFromPeer, Join, LoadCarried, Replay, Reserve,
-                                               Retire, Spawn, plan_recovery)
+from raytrain_nb._internal.group.plans import (AwaitPlaces, Carry, CopyFromPeer, Join, LoadCarried, Rebind, Replay,
+                                               Reserve, Retire, Spawn, plan_recovery)
 
 TORCH, NONE, XGB, TF = (kind_for(b) for b in ("gloo", "none", "xgboost", "tensorflow"))
 
@@ -24,7 +24,7 @@ def test_restart_in_place_replaces_only_the_dead_ranks(kind):
     expected = [Retire((1,), True), AwaitPlaces((1,)), Spawn((1,)), Replay((1,)), Join(0, (1,))]
     if kind.copies_through_driver:  # no process group carried the state: the driver copies it
         expected.append(CopyFromPeer(0, (1,)))
-    assert list(plan.steps) == expected
+    assert list(plan.steps) == expected + [Rebind()]
 
 
 def test_a_spare_takes_the_place_without_waiting_for_it():
@@ -62,14 +62,14 @@ def test_rescale_up_keeps_every_live_rank_and_adds_new_ones(kind):
 def test_rescale_down_drops_the_highest_ranks_and_the_dead(kind):
     plan = plan_recovery(kind, "rescale", live=[0, 2, 3], gone=[1], num_workers=2)
     assert plan.keep == (0, 2) and plan.drop == (3, 1) and plan.new_ranks == ()
-    assert list(plan.steps) == [Retire((3, 1), False), Join(0, ())]
+    assert list(plan.steps) == [Retire((3, 1), False), Join(0, ()), Rebind()]
 
 
 def test_fresh_processes_replace_every_rank_and_carry_the_state():
     for operation, size in (("restart", None), ("rescale", 3)):
         plan = plan_recovery(TF, operation, live=[0], gone=[1], num_workers=size)
         assert plan.keep == () and plan.src is None and plan.new_ranks == tuple(range(size or 2))
-        assert plan.steps[0] == Carry(0) and plan.steps[-1] == LoadCarried()
+        assert plan.steps[0] == Carry(0) and plan.steps[-2:] == (LoadCarried(), Rebind())
     plan = plan_recovery(TF, "restart", live=[], gone=[0, 1], carried=True)  # a renewal that failed kept it
     assert plan.steps[0] == Retire((0, 1), True) and LoadCarried() in plan.steps
 

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set
 from ..errors import GroupError, RecoveryError
 from .peer_state import copy_to_fresh
 from .placement import await_bundles, bundles_placed, check_cluster, reserve, share_cpus
-from .plans import AwaitPlaces, Carry, CopyFromPeer, Join, LoadCarried, RecoveryPlan, Replay, Reserve, Retire, Spawn
+from .plans import (AwaitPlaces, Carry, CopyFromPeer, Join, LoadCarried, Rebind, RecoveryPlan, Replay, Reserve, Retire,
+                    Spawn)
 from .rank_refresh import refresh_rank_values
 from .retiring import kill_worker, retire
 from .slots import Place, Slot
@@ -74,7 +75,6 @@ class Execution:
             raise
         if self.plan.operation == "rescale" or not self.plan.in_place:
             self.group.config = dataclasses.replace(self.group.config, num_workers=self.plan.num_workers)
-        refresh_rank_values(self.group)  # rank, world_size...: right on every rank, survivors too
         self.group.transition(GroupState.IDLE)
         logger.info("%s done: %s", self.plan.operation,
                     ", ".join(f"{type(s).__name__} {t:.2f} s" for s, t in self.timings))
@@ -146,6 +146,9 @@ class Execution:
         src = step.src if step.src not in fresh else held[0]
         copy_to_fresh(self.group, src, fresh, self.results)
         self.group._note_missing(self.results)
+
+    def do_rebind(self, step: Rebind) -> None:
+        refresh_rank_values(self.group)  # rank, world_size...: right on every rank, survivors too
 
     def do_loadcarried(self, step: LoadCarried) -> None:
         import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb

@@ -12,7 +12,8 @@ A restart of rank 1 of a torch group with no spare, as a plan::
     AwaitPlaces(ranks=(1,))                 its place is back on a live node
     Spawn(ranks=(1,), spares=0)             a new actor in that place
     Replay(ranks=(1,))                      setup cells (and imports, defs) replayed, collectives deferred
-    Join(src=0, ranks=(1,))                 every rank re-forms the process group; DDP re-wrapped (re-bind)
+    Join(src=0, ranks=(1,))                 every rank re-forms the process group; DDP re-wrapped
+    Rebind()                                rank values (rank, world_size, ctx...) set again on every rank
 
 A group whose kind has no process group copies through the driver after joining
 (``CopyFromPeer(src=0, ranks=(1,))``); one whose kind needs fresh processes (TensorFlow) carries the lowest
@@ -97,7 +98,13 @@ class LoadCarried:
     """Load the state carried from the old processes into every (fresh) rank."""
 
 
-Step = Union[Retire, AwaitPlaces, Reserve, Spawn, Carry, Replay, Join, CopyFromPeer, LoadCarried]
+@dataclasses.dataclass(frozen=True)
+class Rebind:
+    """On every rank (survivors too): set again the notebook's values that come only from the rank's context
+    (``rank``, ``world_size``, ``ctx``...), and name those computed from them (``group/rank_refresh.py``)."""
+
+
+Step = Union[Retire, AwaitPlaces, Reserve, Spawn, Carry, Replay, Join, CopyFromPeer, LoadCarried, Rebind]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,7 +138,9 @@ class RecoveryPlan:
 
 
 def _after_join(kind: GroupKind, src: Optional[int], new: Tuple[int, ...]) -> Tuple[Step, ...]:
-    return (CopyFromPeer(src, new),) if kind.copies_through_driver and src is not None and new else ()
+    copy: Tuple[Step, ...] = (CopyFromPeer(src, new),) if kind.copies_through_driver and src is not None and new \
+        else ()
+    return copy + (Rebind(),)
 
 
 def check_size(num_workers: object) -> int:
@@ -207,5 +216,5 @@ def plan_recovery(kind: GroupKind, operation: str, *, live: Sequence[int], gone:
     src = None if kind.fresh_processes or not keep else 0
     steps += (Join(src, new),)
     if kind.fresh_processes and not from_checkpoint:
-        steps += (LoadCarried(),)
+        return RecoveryPlan(operation, target, keep, drop, new, src, False, steps + (LoadCarried(), Rebind()))
     return RecoveryPlan(operation, target, keep, drop, new, src, False, steps + _after_join(kind, src, new))
