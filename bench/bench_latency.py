@@ -94,7 +94,7 @@ def run_magic(group: Any, calls: int = CALLS) -> List[Figure]:
     def direct() -> None:
         group.run("pass", sink=CollectSink())
 
-    seq0 = getattr(group, "_cell_seq", None)
+    seq0 = len(group.history)
     samples = {"magic": [], "ipython": [], "direct": []}
     fns = {"magic": magic, "ipython": plain, "direct": direct}
     for i in range(WARMUP + calls):
@@ -104,9 +104,8 @@ def run_magic(group: Any, calls: int = CALLS) -> List[Figure]:
             if i >= WARMUP:
                 samples[name].append(time.perf_counter() - t0)
     assert active_group() is group
-    if seq0 is not None:  # every %%distributed cell (and direct run) reached the group
-        ran = group._cell_seq - seq0
-        assert ran == 2 * (WARMUP + calls), f"the group ran {ran} cells, expected {2 * (WARMUP + calls)}"
+    ran = len(group.history) - seq0  # every %%distributed cell (and direct run) reached the group
+    assert ran == 2 * (WARMUP + calls), f"the group ran {ran} cells, expected {2 * (WARMUP + calls)}"
     s = {k: stats(v) for k, v in samples.items()}
     print(f"  run_cell('%%distributed\\npass'): {fmt_stats(s['magic'], 1e3, 'ms')}")
     print(f"  run_cell('pass') (IPython alone): {fmt_stats(s['ipython'], 1e3, 'ms')}")

@@ -102,7 +102,7 @@ def run(rounds: int = 3) -> List[Figure]:
             fresh.shutdown()
 
             g = group(spares=1)
-            g._get([s.actor.warm.remote() for s in g.slots.spares], 120, "start")
+            g._core.collect([s.actor.warm.remote() for s in g._core.slots.spares], 120, "start")  # spares warm
             t0 = _kill_rank1(g)
             g.restart()
             g.run(STEP, sink=q)

@@ -20,11 +20,11 @@ def _report_replay(group: Any) -> None:
     summary = group.rank_values.summary() if group.rank_values is not None else ""
     if summary:
         print(summary)
-    if group.replay_failures:
+    lines = group.take_replay_failures()
+    if lines:
         print("the new rank(s) joined without some of their peers' state:")
-        for line in group.replay_failures:
+        for line in lines:
             print("  " + line)
-        group.replay_failures.clear()
 
 
 @magics_class

@@ -71,7 +71,7 @@ def _reset(group: WorkerGroup) -> bool:
         quiet(group, CLEAR)
     except (GroupError, WorkerError):
         return False
-    group.history.clear()  # a replacement replays this test's setup cells only, as in a group of its own
+    group._core.history.clear()  # a replacement replays this test's setup cells only, as in a group of its own
     return True
 
 
@@ -261,11 +261,11 @@ def test_spare_takes_over_a_dead_rank(ray_session):
     group = WorkerGroup(2, spares=1, cpus_per_worker=0.5)
     try:
         quiet(group, SETUP)
-        spare_pid = ray_session.get(group.slots.spares[0].actor.warm.remote(), timeout=60)
+        spare_pid = ray_session.get(group._core.slots.spares[0].actor.warm.remote(), timeout=60)
         os.kill(group.status()[1].pid, signal.SIGKILL)
         wait_for(lambda: group.status()[1].state == "dead", 30, "rank 1 to show dead")
         group.restart()
-        assert group.status()[1].pid == spare_pid and len(group.slots.spares) == 1
+        assert group.status()[1].pid == spare_pid and len(group._core.slots.spares) == 1
         assert_ranks_identical(rank_state(group))
     finally:
         group.shutdown()

@@ -45,6 +45,8 @@ def _slots(behaviours):
 def test_every_kind_of_answer_is_typed(ray_session):
     slots = _slots(["ok", "raise", "hang", "ok", "ok"])
     ray.kill(slots[3].actor, no_restart=True)
+    with pytest.raises(ray.exceptions.RayActorError):  # the kill has landed (it is asynchronous)
+        ray.get(slots[3].actor.ping.remote(), timeout=60)
     slots[4].mark(SlotState.UNRESPONSIVE, "has not answered for 20 s")
     try:
         replies = FANOUT.ask(slots, lambda s: s.actor.ask.remote(21), 3.0, "every rank to answer")

@@ -4,7 +4,9 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional
 
 from raytrain_nb import GroupState, WorkerStatus
-from raytrain_nb._internal.errors import GroupError
+from raytrain_nb._internal.group.kinds import kind_for
+from raytrain_nb._internal.group.plans import plan_recovery
+from raytrain_nb._internal.group.state import SlotState
 
 
 class FakeGroup:
@@ -67,7 +69,9 @@ class FakeGroup:
         self.set_state(GroupState.SHUTDOWN)
 
     def restart(self, from_checkpoint: Any = None) -> List[int]:
-        dead = [w.rank for w in self.workers if w.state == "dead"]
-        if not dead:
-            raise GroupError("no dead worker to restart")
-        return self._call("restart", dead)
+        """The real restart's plan decides (which ranks are replaced, or the error), not a rule of its own."""
+        gone = [w.rank for w in self.workers if SlotState(w.state).gone]
+        live = [w.rank for w in self.workers if w.rank not in gone]
+        plan = plan_recovery(kind_for(self.backend), "restart", live=live, gone=gone,
+                             from_checkpoint=from_checkpoint is not None)
+        return self._call("restart", list(plan.new_ranks))

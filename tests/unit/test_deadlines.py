@@ -234,3 +234,41 @@ def test_get_within_waits_for_all_at_once_and_names_who_did_not_answer(monkeypat
     fake.answered.add("b")
     assert waits.get_within(["a", "b"], 5, "two ranks") == ["value of a", "value of b"]
     assert all(t <= 5 for t in fake.waits)
+
+
+#: Where ``group/`` waits on Ray other than through the fan-out, and why each is not "ask every rank".
+NAMED_WAITS = {
+    "fanout.py": "the fan-out itself: every rank asked at once, one deadline",
+    "dispatch.py": "the wait on the user's cell, which may train for hours while its ranks are watched",
+    "steps.py": "the step watch of a collective: is every rank in it, or still starting",
+    "monitor.py": "the monitor's zero-timeout polls of its watches and heartbeats",
+    "placement.py": "placement groups being placed",
+    "snapshots.py": "a snapshot's wait for the next report() on every rank, and its background write",
+}
+_WAIT_CALLS = {("ray", "get"), ("ray", "wait"), ("", "wait_within"), ("", "get_within")}
+
+
+def _ray_waits(tree: ast.AST) -> List[str]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            fn = node.func
+            key = ((fn.value.id if isinstance(fn.value, ast.Name) else "?"), fn.attr) \
+                if isinstance(fn, ast.Attribute) else ("", getattr(fn, "id", ""))
+            if key in _WAIT_CALLS:
+                found.append(f"{node.lineno} {ast.unparse(node.func)}")
+    return found
+
+
+def test_the_group_waits_only_in_its_named_places():
+    """Asking every rank goes through ``fanout.FANOUT`` / ``collect``; the other waits are named above."""
+    found = []
+    for path in sorted((PACKAGE / "_internal" / "group").glob("*.py")):
+        if path.name not in NAMED_WAITS:
+            found += [f"{path.name}:{hit}" for hit in _ray_waits(ast.parse(path.read_text()))]
+    assert not found, "waits on Ray outside the named places (use FANOUT.ask or core.collect):\n" + "\n".join(found)
+
+
+def test_the_named_wait_scan_can_fail():
+    planted = ast.parse("ray.wait(refs, timeout=1)\nwait_within(refs, 1, 'x')\nsession.get('k')\n")
+    assert _ray_waits(planted) == ["1 ray.wait", "2 wait_within"]

@@ -1,10 +1,11 @@
 """The group's state machine: which transitions exist, and that a forbidden one raises."""
-import threading
+import types
 
 import pytest
 
 from raytrain_nb._internal.errors import GroupError, TransitionError
-from raytrain_nb._internal.group.group import WorkerGroup
+from raytrain_nb._internal.group.config import GroupConfig
+from raytrain_nb._internal.group.core import GroupCore, Settings
 from raytrain_nb._internal.group.slots import Slot, SlotTable
 from raytrain_nb._internal.group.state import TRANSITIONS, GroupState, SlotState, check_transition
 
@@ -56,15 +57,17 @@ def test_states_are_the_strings_users_compare_with():
     assert issubclass(TransitionError, GroupError)
 
 
-def _bare_group(state):
-    """A WorkerGroup object without workers: just what transition() touches."""
-    group = object.__new__(WorkerGroup)
-    group.state, group._state_lock, group._observers = state, threading.RLock(), []
-    return group
+def _core(state, workers=0):
+    """A group core without Ray: its state, observers and slots (the slots' actors are names)."""
+    core = GroupCore(GroupConfig(num_workers=max(workers, 1)), Settings("t", 1.0, 1.0, 1.0, 0),
+                     run_storage=types.SimpleNamespace())
+    core.state = state
+    core.slots.assign([Slot(actor=f"a{i}", pg="pg", bundle=i, info={"pid": 10 + i}) for i in range(workers)])
+    return core
 
 
 def test_transition_tells_observers_and_refuses_what_the_table_forbids():
-    group = _bare_group(S.IDLE)
+    group = _core(S.IDLE)
     seen = []
     group.subscribe(lambda old, new: seen.append((old, new)))
     group.transition(S.RUNNING)
@@ -75,6 +78,35 @@ def test_transition_tells_observers_and_refuses_what_the_table_forbids():
     with pytest.raises(TransitionError, match="cannot go from 'shut down' to 'idle'"):
         group.transition(S.IDLE)
     assert group.state is S.SHUTDOWN and seen[-1] == (S.IDLE, S.SHUTDOWN)
+
+
+def test_a_death_marks_its_rank_and_fails_an_idle_group_once():
+    core = _core(S.IDLE, workers=2)
+    seen = []
+    core.subscribe(lambda old, new: seen.append((old, new)))
+    a1 = core.slots[1].actor  # the slot table knows a worker by its handle (identity)
+    core.mark_unresponsive(a1, 31.0)
+    assert core.slots[1].state is SlotState.UNRESPONSIVE and "31 s" in core.slots[1].error
+    assert core.state is S.FAILED and seen == [(S.IDLE, S.FAILED)]
+    core.mark_dead(a1, "SIGKILL")  # dead wins over silent; the group already failed: observers told of the rank
+    core.mark_unresponsive(a1, 40.0)  # a dead rank stays dead
+    core.mark_dead("nobody", "x")  # not one of ours: nothing
+    assert core.slots[1].state is SlotState.DEAD and core.slots[1].error == "SIGKILL"
+    assert seen == [(S.IDLE, S.FAILED), (S.FAILED, S.FAILED)]
+    with pytest.raises(GroupError, match=r"rank\(s\) 1 are dead or not responding: %dist_restart"):
+        core.check_usable()
+
+
+def test_a_running_or_shut_down_group_takes_no_command():
+    core = _core(S.RUNNING, workers=1)
+    with pytest.raises(GroupError, match="the group is running a cell: wait for it, or interrupt it"):
+        core.check_not_running()
+    core.background = types.SimpleNamespace(done=lambda: False)
+    with pytest.raises(GroupError, match="a background cell is running: %dist_wait waits for it"):
+        core.check_not_running()
+    core.state = S.SHUTDOWN
+    with pytest.raises(GroupError, match="this group was shut down: start a new one"):
+        core.check_not_running()
 
 
 def test_slot_table_tells_live_and_gone_ranks():

@@ -20,13 +20,15 @@ from raytrain_nb._internal.train.progress import ProgressLine, ReportCollector, 
 
 
 class FakeGroup:
-    """Just what elastic.decide/growth read: slots with a state and a placement (pg, bundle)."""
+    """Just what elastic.decide/growth read, as WorkerGroup's public members give it: the workers with a state
+    and a placement (pg, bundle), the free places, each rank's status."""
 
     def __init__(self, states, free=()):
-        self.slots = SlotTable()
-        self.slots.assign([Slot(actor=f"actor{i}", pg=f"pg{i}", bundle=i, info={}, state=SlotState(s))
-                           for i, s in enumerate(states)])
-        self.slots.free = list(free)
+        table = SlotTable()
+        table.assign([Slot(actor=f"actor{i}", pg=f"pg{i}", bundle=i, info={}, state=SlotState(s))
+                      for i, s in enumerate(states)])
+        self.slots = tuple(table)
+        self.free_places = tuple(free)
         self.config = types.SimpleNamespace(placement_bundle=lambda: {"CPU": 1.0})
 
     @property
@@ -34,7 +36,7 @@ class FakeGroup:
         return len(self.slots)
 
     def status(self):
-        return []
+        return [types.SimpleNamespace(rank=i, state=s.state) for i, s in enumerate(self.slots)]
 
 
 def _died(rank):

@@ -72,7 +72,7 @@ class BackgroundRun:
         """
         self.group.interrupt()
         if not wait_until(self._done.wait, STOP_WAIT_S, f"{self._what()} to end after the interrupt", logger):
-            running = [str(r) for r, slot in enumerate(self.group.slots) if slot.state == SlotState.RUNNING]
+            running = [str(w.rank) for w in self.group.status(ping=False) if w.state == SlotState.RUNNING]
             where = (f"rank(s) {', '.join(running)} still run it" if running
                      else "its ranks stopped, the group is still settling")
             raise InterruptTimeout(f"the background cell did not end within {STOP_WAIT_S:g} s of the interrupt "

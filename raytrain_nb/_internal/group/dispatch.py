@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Dict, List, Sequence, Set
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Sequence, Set
 
 from ..errors import RankFailure
 from ..output import OutputSink, route
@@ -21,6 +21,9 @@ from .fanout import FANOUT, Replies, ReplyKind, classify, death_of
 from .slots import Slot
 from .state import SlotState
 
+if TYPE_CHECKING:  # the core is handed in; never imported here at run time
+    from .core import GroupCore
+
 logger = logging.getLogger(__name__)
 
 
@@ -29,11 +32,13 @@ def _died(rank: int, slot: Slot, cause: str, unresponsive: bool = False) -> Cell
 
 
 class Dispatch:
-    """One cell (or function call) in flight on some ranks."""
+    """One cell (or function call) in flight on some ranks of the group of ``core``; ``replace(ranks)`` gives
+    ranks stuck after a second interrupt fresh workers."""
 
-    def __init__(self, group: Any, refs: Dict[Any, int], sink: OutputSink, mode: str,
-                 shown: Sequence[int]) -> None:
-        self.group = group
+    def __init__(self, core: "GroupCore", replace: Callable[[List[int]], None], refs: Dict[Any, int],
+                 sink: OutputSink, mode: str, shown: Sequence[int]) -> None:
+        self.core = core
+        self._replace = replace
         self.pending: Dict[Any, int] = dict(refs)
         self.sink = sink
         self.mode = mode
@@ -45,7 +50,7 @@ class Dispatch:
         self._released_at = 0.0  # when the first rank was released after a peer failed
         self._peers_released = False
         # a framework backend's collective (C++) cannot be released: ranks left in it are stopped after this long
-        self._stop_after_s = group.kind.stop_after_peer_failure_s
+        self._stop_after_s = core.kind.stop_after_peer_failure_s
 
     def collect(self) -> Dict[int, CellOutcome]:
         while True:
@@ -63,7 +68,7 @@ class Dispatch:
                     self._replace_stuck()
 
     def _slot(self, rank: int) -> Slot:
-        return self.group.slots[rank]
+        return self.core.slots[rank]
 
     def _step(self, timeout: float) -> None:
         import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
@@ -77,7 +82,7 @@ class Dispatch:
                 kind, error = classify(exc, rank, self._slot(rank))
                 if kind is not ReplyKind.DIED:
                     raise
-                self.group.mark_dead(self._slot(rank).actor, error.cause)
+                self.core.mark_dead(self._slot(rank).actor, error.cause)
                 res = CellOutcome.died(rank, RankFailure.of_lost(error))
             del self.pending[ref]
             self.results[rank] = res
@@ -110,7 +115,7 @@ class Dispatch:
                     pass
                 del self.pending[ref]
                 self.results[rank] = _died(rank, slot, cause, unresponsive=True)
-                self.group.mark_dead(slot.actor, cause)
+                self.core.mark_dead(slot.actor, cause)
             elif slot.state == SlotState.DEAD:
                 del self.pending[ref]
                 self.results[rank] = _died(rank, slot, slot.error)
@@ -118,7 +123,7 @@ class Dispatch:
     def _emit(self, rank: int, outputs: List[Any], metrics: List[Dict[str, Any]]) -> None:
         route(self.sink, rank, outputs, self.shown, self.mode)
         if metrics:
-            self.group.record_metrics(metrics)
+            self.core.record_metrics(metrics)
 
     def _ask(self, ranks: Sequence[int], call: Any, deadline_s: float, what: str) -> Replies:
         return FANOUT.ask([self._slot(r) for r in ranks], call, deadline_s, what, ranks=ranks)
@@ -146,7 +151,7 @@ class Dispatch:
         for ref, rank in list(self.pending.items()):
             slot = self._slot(rank)
             cause = (f"stopped by raytrain_nb: still running {self._stop_after_s:g} s after rank(s) "
-                     f"{', '.join(map(str, failed))} failed, inside the {self.group.kind.name} collective "
+                     f"{', '.join(map(str, failed))} failed, inside the {self.core.kind.name} collective "
                      "(its state is lost: %dist_restart replaces it)")
             try:
                 ray.kill(slot.actor, no_restart=True)
@@ -154,7 +159,7 @@ class Dispatch:
                 pass
             del self.pending[ref]
             self.results[rank] = _died(rank, slot, cause)
-            self.group.mark_dead(slot.actor, cause)
+            self.core.mark_dead(slot.actor, cause)
 
     def _poll(self) -> None:
         replies = self._ask(list(self.pending.values()), lambda s: s.actor.poll.remote(), timing.CONTROL_CALL_S,
@@ -193,4 +198,4 @@ class Dispatch:
                                   f"rank {rank} did not stop and was replaced by a fresh worker")
             self.results[rank] = CellOutcome.replaced_rank(rank, failure)
         self.pending.clear()
-        self.group.replace(ranks)
+        self._replace(ranks)

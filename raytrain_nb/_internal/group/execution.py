@@ -1,13 +1,17 @@
-"""Running code on a group: cells and functions, their output and metrics, moving values."""
+"""Running code on a group: cells and functions, their output, moving values.
+
+:class:`Runner` acts on a group's core (``core.py``); the public ``WorkerGroup`` methods ``run``, ``execute``,
+``push``, ``pull`` and ``reload`` call it. One cell runs at a time: the runner's lock is held while a cell is in
+flight (not the core's, which the monitor needs meanwhile).
+"""
 from __future__ import annotations
 
-import collections
-import contextlib
 import importlib
 import logging
 import sys
+import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 from ..errors import GroupError, RankFailure, WorkerError
 from ..output import OUTPUT_MODES, OutputSink, TextSink
@@ -22,78 +26,59 @@ from .slots import Slot
 from .state import GroupState, SlotState
 from .types import CellRecord, CellResult
 
+if TYPE_CHECKING:  # handed in; never imported here at run time
+    from .core import GroupCore
+    from .formation import Formation
+    from .group import WorkerGroup
+
 logger = logging.getLogger(__name__)
 
-#: Reported metrics kept per rank for the dashboard's plot.
-METRICS_HISTORY = 10_000
 
+class Runner:
+    """Cells, functions and values of one group: ``core`` holds its parts, ``formation`` re-forms it after a
+    broken collective, ``owner`` (the public group) is what ``--on-failure`` and a background cell act on."""
 
-class ExecutionMixin:
-    """Cells, functions, values and metrics of a :class:`~raytrain_nb.WorkerGroup`."""
+    def __init__(self, core: "GroupCore", formation: "Formation", owner: "WorkerGroup") -> None:
+        self.core, self.formation, self.owner = core, formation, owner
+        self._cell_lock = threading.RLock()
 
-    # -- running code --------------------------------------------------------------------
-
-    def _targets(self, ranks: Optional[Sequence[int]]) -> List[int]:
+    def targets(self, ranks: Optional[Sequence[int]]) -> List[int]:
         if ranks is None:
-            return list(range(self.num_workers))
-        bad = [r for r in ranks if not isinstance(r, int) or not 0 <= r < self.num_workers]
+            return list(range(self.core.num_workers))
+        bad = [r for r in ranks if not isinstance(r, int) or not 0 <= r < self.core.num_workers]
         if bad:
-            raise GroupError(f"ranks {bad} do not exist: the group has ranks 0..{self.num_workers - 1}")
+            raise GroupError(f"ranks {bad} do not exist: the group has ranks 0..{self.core.num_workers - 1}")
         return sorted(set(ranks))
 
     def run(self, source: str, ranks: Optional[Sequence[int]] = None, *, output: str = "rank0",
             sink: Optional[OutputSink] = None, setup: Optional[bool] = None, on_failure: str = "raise",
             max_failures: int = 1, background: bool = False) -> Any:
-        """Run cell source in each worker's persistent namespace (IPython semantics).
-
-        Output streams to ``sink`` while the cell runs; the value of a trailing
-        expression is rendered on the worker and passed to ``sink.value``.
-
-        Args:
-            source: the cell's code.
-            ranks: the ranks to run on (default: all).
-            output: ``rank0`` (the lowest targeted rank), ``all`` (labelled) or ``none``.
-            sink: where output goes (default: this process's stdout/stderr).
-            setup: whether a new rank must replay this cell to rebuild its namespace;
-                by default, cells that neither called ``report()`` nor ran a prepared model.
-            on_failure: when a worker dies: ``raise`` (default), ``restart`` (replace it,
-                state from a live peer) or ``rescale`` (continue with the survivors); then
-                the cell runs again, at most ``max_failures`` times (-1: no limit).
-            background: return at once a :class:`BackgroundRun` (``.wait()`` for the result);
-                output keeps going to ``sink``; status, checkpoint, interrupt and pull work meanwhile.
-
-        Returns:
-            A :class:`CellResult`.
-
-        Raises:
-            WorkerError: the cell raised on some ranks (merged, shown as the cell's traceback).
-        """
+        """Run cell source on the ranks (see ``WorkerGroup.run``)."""
         if output not in OUTPUT_MODES:
             raise GroupError(f"output={output!r} is unknown: use rank0, all or none")
         if on_failure not in ON_FAILURE:
             raise GroupError(f"on_failure={on_failure!r} is unknown: use raise, restart or rescale")
         sink = sink or TextSink()
         if background:
-            self._check_usable()
-            self.background = BackgroundRun(self, lambda: self.run(
+            self.core.check_usable()
+            self.core.background = BackgroundRun(self.owner, lambda: self.run(
                 source, ranks, output=output, sink=sink, setup=setup, on_failure=on_failure,
                 max_failures=max_failures))
-            return self.background
+            return self.core.background
         attempt = 0
         while True:
             try:
-                return self._run_once(source, ranks, output, sink, setup)
+                return self.run_once(source, ranks, output, sink, setup)
             except WorkerError as exc:
-                if not recover_and_retry(self, exc, on_failure, attempt, max_failures, sink):
+                if not recover_and_retry(self.owner, exc, on_failure, attempt, max_failures, sink):
                     raise
                 attempt += 1
 
-    def _run_once(self, source: str, ranks: Optional[Sequence[int]], output: str, sink: OutputSink,
-                  setup: Optional[bool]) -> CellResult:
-        self._check_usable()
-        targets = self._targets(ranks)
-        self._cell_seq += 1
-        cell_id = self._cell_seq
+    def run_once(self, source: str, ranks: Optional[Sequence[int]], output: str, sink: OutputSink,
+                 setup: Optional[bool]) -> CellResult:
+        self.core.check_usable()
+        targets = self.targets(ranks)
+        cell_id = self.core.next_cell_id()
         if not needs_ipython(source):
             try:
                 compile(source, f"<cell-{cell_id}>", "exec")
@@ -102,70 +87,60 @@ class ExecutionMixin:
                 raise WorkerError([RankFailure(r, "SyntaxError", str(exc), tb) for r in targets]) from None
         started = time.perf_counter()
         shown = targets[:1] if output == "rank0" else targets
-        base = self.run_storage.report_base
-        if self.run_storage.background_error:
+        base = self.core.run_storage.report_base
+        if self.core.run_storage.background_error:
             sink.notice(f"an earlier background checkpoint failed and was discarded: "
-                        f"{self.run_storage.background_error}")
-            self.run_storage.background_error = None
+                        f"{self.core.run_storage.background_error}")
+            self.core.run_storage.background_error = None
         try:
-            partial = len(targets) < self.num_workers
-            results = self._dispatch(lambda s, fw: s.actor.run_cell.remote(source, cell_id, True, base, partial, fw),
-                                     targets, sink, output, shown)
+            partial = len(targets) < self.core.num_workers
+            results = self.dispatch(lambda s, fw: s.actor.run_cell.remote(source, cell_id, True, base, partial, fw),
+                                    targets, sink, output, shown)
         finally:
-            self.run_storage.advance(max(self._reports_seen(base), 0))
+            self.core.run_storage.advance(max(self.core.reports_seen(base), 0))
         values = {r: res.value for r, res in results.items()}
         prints = [res.fingerprint for res in results.values()]
         for name in set(prints[0]).intersection(*prints[1:]) if prints else ():
             if len({p[name] for p in prints}) > 1:
-                self.rank_specific.add(name)
-        if len(targets) == self.num_workers:
+                self.core.rank_specific.add(name)
+        if len(targets) == self.core.num_workers:
             reports = max(res.reports for res in results.values())
             trained = reports or max(res.forwards for res in results.values())
-            self.history.append(CellRecord(cell_id, source, not trained if setup is None else bool(setup),
-                                           reports, time.time()))
+            self.core.history.append(CellRecord(cell_id, source, not trained if setup is None else bool(setup),
+                                                reports, time.time()))
         return CellResult(values=values, duration=time.perf_counter() - started)
 
     def execute(self, fn: Callable[..., Any], *args: Any, ranks: Optional[Sequence[int]] = None,
                 sink: Optional[OutputSink] = None, output: str = "rank0", **kwargs: Any) -> List[Any]:
-        """Call ``fn(*args, **kwargs)`` on each targeted worker; return per-rank results in rank order.
-
-        ``output``: whose output reaches ``sink``: ``rank0`` (default), ``all`` (labelled) or ``none``.
-        """
+        """Call ``fn`` on each targeted worker; per-rank results in rank order (see ``WorkerGroup.execute``)."""
         if output not in OUTPUT_MODES:
             raise GroupError(f"output={output!r} is unknown: use rank0, all or none")
-        self._check_usable()
-        targets = self._targets(ranks)
-        base = self.run_storage.report_base
+        self.core.check_usable()
+        targets = self.targets(ranks)
+        base = self.core.run_storage.report_base
         try:
-            partial = len(targets) < self.num_workers
-            results = self._dispatch(lambda s, fw: s.actor.execute.remote(fn, args, kwargs, base, partial, fw),
-                                     targets, sink or TextSink(), output, targets[:1] if output == "rank0" else targets)
+            partial = len(targets) < self.core.num_workers
+            results = self.dispatch(lambda s, fw: s.actor.execute.remote(fn, args, kwargs, base, partial, fw),
+                                    targets, sink or TextSink(), output, targets[:1] if output == "rank0" else targets)
         finally:
-            self.run_storage.advance(max(self._reports_seen(base), 0))
+            self.core.run_storage.advance(max(self.core.reports_seen(base), 0))
         return [results[r].value for r in targets]
 
-    def _dispatch(self, submit: Callable[[Slot], Any], targets: List[int], sink: OutputSink,
-                  mode: str, shown: Sequence[int]) -> Dict[int, CellOutcome]:
-        with self._lock:
+    def dispatch(self, submit: Callable[[Slot], Any], targets: List[int], sink: OutputSink,
+                 mode: str, shown: Sequence[int]) -> Dict[int, CellOutcome]:
+        with self._cell_lock:
             for r in targets:  # before the state change, so observers see the running ranks
-                self.slots[r].mark(SlotState.RUNNING)
-            self.transition(GroupState.RUNNING)
+                self.core.slots[r].mark(SlotState.RUNNING)
+            self.core.transition(GroupState.RUNNING)
             try:
-                with self._framework_cell(targets) as specs:  # a framework backend's collective for this cell
-                    run = Dispatch(self, {submit(self.slots[r], spec): r for r, spec in zip(targets, specs)},
-                                   sink, mode, shown)
+                with self.core.driver_cell(targets) as specs:  # a framework backend's collective for this cell
+                    refs = {submit(self.core.slots[r], spec): r for r, spec in zip(targets, specs)}
+                    run = Dispatch(self.core, self.owner.replace, refs, sink, mode, shown)
                     results = run.collect()
             except BaseException:
                 self._settle({})
                 raise
             return self._finish(run, results, sink, mode, shown)
-
-    @contextlib.contextmanager
-    def _framework_cell(self, targets: List[int]) -> Any:
-        """Yields per target ``(backend, spec)`` for the worker, or None each without a framework backend."""
-        local = len({s.info.get("node_id") for s in self.slots}) == 1
-        with self.kind.driver_cell(list(self.slots), targets, local) as specs:
-            yield specs
 
     def _finish(self, run: Dispatch, results: Dict[int, CellOutcome], sink: OutputSink, mode: str,
                 shown: Sequence[int]) -> Dict[int, CellOutcome]:
@@ -179,8 +154,8 @@ class ExecutionMixin:
         dead = [r for r, res in results.items() if res.dead]
         broken = run.released or any(res.pg_broken or res.interrupted for res in results.values())
         replaced = any(res.replaced for res in results.values())
-        if not dead and not replaced and broken and self.kind.process_group:
-            self._reform()
+        if not dead and not replaced and broken and self.core.kind.process_group:
+            self.formation.reform()
         if failures:
             released = sorted(r for r, res in results.items() if res.failure is not None and res.failure.collateral)
             raise WorkerError(failures, released=released if len(released) < len(failures) else (),
@@ -189,7 +164,7 @@ class ExecutionMixin:
 
     def _settle(self, results: Dict[int, CellOutcome]) -> None:
         any_dead = False
-        for slot in self.slots:
+        for slot in self.core.slots:
             rank = slot.rank_info.world_rank if slot.rank_info else -1
             res = results.get(rank)
             if res is not None and res.dead:
@@ -200,65 +175,32 @@ class ExecutionMixin:
                 slot.mark(SlotState.FAILED if own else SlotState.IDLE, res.failure.message if own else "")
             elif slot.gone:
                 any_dead = True
-        self.transition(GroupState.FAILED if any_dead else GroupState.IDLE)
-
-    def _reports_seen(self, base: int) -> int:
-        """How many reports the last cell made (numbered from ``base``), from what reached the driver."""
-        return self._max_report_index - base + 1 if self._max_report_index >= base else 0
-
-    def record_metrics(self, records: Sequence[Dict[str, Any]]) -> None:
-        """Keep reported metrics per rank: the latest and a capped history; log and commit checkpoints."""
-        for rec in records:
-            name = rec.get("report")
-            if name:
-                self._max_report_index = max(self._max_report_index, int(name.rsplit("_", 1)[1]))
-        if records:
-            self.run_storage.on_records(records, self.num_workers)
-        for rec in records:
-            rank = rec["rank"]
-            self.latest_metrics[rank] = rec["metrics"]
-            self.metrics_history.setdefault(rank, collections.deque(maxlen=METRICS_HISTORY)).append(rec)
-        for cb in list(self._metric_observers):
-            try:
-                cb(records)
-            except Exception:
-                logger.exception("metrics observer failed")
+        self.core.transition(GroupState.FAILED if any_dead else GroupState.IDLE)
 
     # -- moving values -------------------------------------------------------------------
 
     def push(self, **values: Any) -> None:
-        """Bind ``values`` in every worker's namespace.
-
-        Raises:
-            GroupError: a value cannot be pickled (names the variable).
-        """
+        """Bind ``values`` in every worker's namespace (see ``WorkerGroup.push``)."""
         import cloudpickle  # cloudpickle: optional or heavy, loaded on first use
         import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
-        self._check_usable()
+        self.core.check_usable()
         for name, value in values.items():
             try:
                 cloudpickle.dumps(value)
             except Exception as exc:
                 raise GroupError(f"cannot push {name!r}: a {type(value).__name__} cannot be pickled ({exc})") from None
         ref = ray.put(values)
-        self._get([s.actor.push.remote(ref) for s in self.slots], timing.PUSH_S, "receive values in")
-        self.pushed.update(values)  # a new rank gets them before it replays the cells
+        self.core.collect([s.actor.push.remote(ref) for s in self.core.slots], timing.PUSH_S, "receive values in")
+        self.core.pushed.update(values)  # a new rank gets them before it replays the cells
 
     def pull(self, name: str, rank: Optional[int] = 0) -> Any:
-        """A variable from one rank (default 0) or, with ``rank=None``, a list from every rank.
-
-        DDP models come back unwrapped and tensors on the CPU.
-
-        Raises:
-            GroupError: the name is not defined on a rank, or a rank is dead or did not answer within
-                ``timing.PULL_S`` (every rank is asked at once: a stopped rank costs one deadline).
-        """
-        if self.state is GroupState.SHUTDOWN:
-            self._check_not_running()
-        targets = self._targets(None if rank is None else [rank])
-        replies = FANOUT.ask([self.slots[r] for r in targets], lambda s: s.actor.pull.remote(name), timing.PULL_S,
-                             f"{name!r} from rank(s) {', '.join(map(str, targets))}", ranks=targets)
+        """A variable from one rank, or a list from every rank (see ``WorkerGroup.pull``)."""
+        if self.core.state is GroupState.SHUTDOWN:
+            self.core.check_not_running()
+        targets = self.targets(None if rank is None else [rank])
+        replies = FANOUT.ask([self.core.slots[r] for r in targets], lambda s: s.actor.pull.remote(name),
+                             timing.PULL_S, f"{name!r} from rank(s) {', '.join(map(str, targets))}", ranks=targets)
         late = replies.ranks(ReplyKind.LATE)
         if late:
             raise GroupError(f"cannot pull {name!r}: rank(s) {', '.join(map(str, late))} did not answer within "
@@ -277,13 +219,12 @@ class ExecutionMixin:
         return values if rank is None else values[0]
 
     def reload(self, module: str) -> List[str]:
-        """Re-import ``module`` on every rank (after editing it); returns its file per rank."""
-        self._check_usable()
+        """Re-import ``module`` on every rank (see ``WorkerGroup.reload``)."""
+        self.core.check_usable()
         return self.execute(_reload, module)
 
 
 def _reload(module: str) -> str:
-
     importlib.invalidate_caches()
     mod = sys.modules.get(module)
     mod = importlib.reload(mod) if mod is not None else importlib.import_module(module)

@@ -32,8 +32,9 @@ from .slots import Place, Slot
 from .state import GroupState, SlotState
 from .timing import CONTROL_START_S
 
-if TYPE_CHECKING:  # the group calls in here; this module never imports it at run time
-    from .group import WorkerGroup
+if TYPE_CHECKING:  # the core and its formation are handed in; never imported here at run time
+    from .core import GroupCore
+    from .formation import Formation
 
 logger = logging.getLogger(__name__)
 
@@ -42,11 +43,13 @@ _BEFORE = (Carry, Reserve)
 
 
 class Execution:
-    """One plan being carried out on ``group``; :attr:`timings` holds each step's seconds, in order."""
+    """One plan being carried out on a group's ``core`` (new workers started and joined by its ``formation``);
+    :attr:`timings` holds each step's seconds, in order."""
 
-    def __init__(self, group: "WorkerGroup", plan: RecoveryPlan, from_checkpoint: bool = False) -> None:
-        self.group, self.plan, self.from_checkpoint = group, plan, from_checkpoint
-        slots = group.slots
+    def __init__(self, core: "GroupCore", formation: "Formation", plan: RecoveryPlan,
+                 from_checkpoint: bool = False) -> None:
+        self.core, self.formation, self.plan, self.from_checkpoint = core, formation, plan, from_checkpoint
+        slots = core.slots
         self.keep: List[Slot] = [slots[r] for r in plan.keep]
         self.new: List[Slot] = []
         self.extra: Optional[Any] = None  # (placement group, size) reserved for this plan
@@ -63,7 +66,7 @@ class Execution:
         try:
             for step in self.plan.steps:
                 if not recovering and not isinstance(step, _BEFORE):
-                    self.group.transition(GroupState.RECOVERING)
+                    self.core.transition(GroupState.RECOVERING)
                     recovering = True
                 started = time.perf_counter()
                 getattr(self, f"do_{type(step).__name__.lower()}")(step)
@@ -74,114 +77,117 @@ class Execution:
                 self._undo(exc)
             raise
         if self.plan.operation == "rescale" or not self.plan.in_place:
-            self.group.config = dataclasses.replace(self.group.config, num_workers=self.plan.num_workers)
-        self.group.transition(GroupState.IDLE)
+            self.core.config = dataclasses.replace(self.core.config, num_workers=self.plan.num_workers)
+        self.core.transition(GroupState.IDLE)
         logger.info("%s done: %s", self.plan.operation,
                     ", ".join(f"{type(s).__name__} {t:.2f} s" for s, t in self.timings))
 
     # -- the steps -------------------------------------------------------------------------------------
 
     def do_carry(self, step: Carry) -> None:
-        group = self.group
-        data = group._get([group.slots[step.src].actor.carry_state.remote()], group.start_timeout_s,
-                          f"rank {step.src} to hand over its state before fresh processes replace")[0]
-        group.carried = (step.src, data)
+        core = self.core
+        data = core.collect([core.slots[step.src].actor.carry_state.remote()], core.settings.start_timeout_s,
+                            f"rank {step.src} to hand over its state before fresh processes replace")[0]
+        core.carried = (step.src, data)
 
     def do_reserve(self, step: Reserve) -> None:
-        group = self.group
-        pg = reserve(dataclasses.replace(group.config, num_workers=step.count), step.count, group.placement_timeout_s)
-        group.slots.pgs.append(pg)
+        core = self.core
+        pg = reserve(dataclasses.replace(core.config, num_workers=step.count), step.count,
+                     core.settings.placement_timeout_s)
+        core.slots.pgs.append(pg)
         self.extra = (pg, step.count)
 
     def do_retire(self, step: Retire) -> None:
-        slots = [self.group.slots[r] for r in step.ranks]
+        slots = [self.core.slots[r] for r in step.ranks]
         if step.await_deaths:
             retire(slots)
         else:
             for slot in slots:
                 kill_worker(slot)
         if not self.plan.in_place:  # their places are free for the new workers, or for a later growth
-            self.group.slots.free.extend(slot.place for slot in slots)
+            self.core.slots.free.extend(slot.place for slot in slots)
 
     def do_awaitplaces(self, step: AwaitPlaces) -> None:
-        group = self.group
-        if not await_bundles([group.slots[r].place for r in step.ranks], group.placement_timeout_s):
+        core = self.core
+        if not await_bundles([core.slots[r].place for r in step.ranks], core.settings.placement_timeout_s):
             names = ", ".join(str(r) for r in step.ranks)
             raise GroupError(f"the place of rank(s) {names} is gone (its node left the cluster) and no node took it "
-                             f"within {group.placement_timeout_s:g} s: continue with fewer workers "
+                             f"within {group.settings.placement_timeout_s:g} s: continue with fewer workers "
                              "(%dist_rescale N, group.rescale(n)), or add a node and restart again")
 
     def do_spawn(self, step: Spawn) -> None:
-        group, slots = self.group, self.group.slots
+        core, slots = self.core, self.core.slots
         if self.plan.in_place:
             for r in step.ranks:
                 spare = slots.take_spare()  # a standby worker, started and with torch imported
-                old = slots.put(r, spare if spare is not None else group._spawn(*slots[r].place))
+                old = slots.put(r, spare if spare is not None else self.formation.spawn(*slots[r].place))
                 if spare is not None:
-                    slots.spares.append(group._spawn(*old.place))  # refill in the background
+                    slots.spares.append(self.formation.spawn(*old.place))  # refill in the background
                     slots.spares[-1].actor.warm.remote()
             self.new = [slots[r] for r in step.ranks]
         else:
-            self.new = [group._spawn(pg, bundle) for pg, bundle in self._places(len(step.ranks))]
+            self.new = [self.formation.spawn(pg, bundle) for pg, bundle in self._places(len(step.ranks))]
             slots.assign(self.keep + self.new)
-        group._describe(self.new)
+        self.formation.describe(self.new)
 
     def do_replay(self, step: Replay) -> None:
-        self.replays = prepare_new(self.group, step.ranks)
+        self.replays = prepare_new(self.core, self.formation, step.ranks)
 
     def do_join(self, step: Join) -> None:
-        group = self.group
+        core = self.core
         if not self.plan.in_place and not self.new:  # a shrink: the kept workers are the group
-            group.slots.assign(self.keep)
-        self.unjoined = {r for r, s in enumerate(group.slots) if not s.joined}
-        self.results = group._rendezvous("join", src=step.src if step.src is not None else 0,
-                                         fresh=step.ranks if step.src is not None else (), anew=step.src is None)
+            core.slots.assign(self.keep)
+        self.unjoined = {r for r, s in enumerate(core.slots) if not s.joined}
+        peer = step.src is not None
+        self.results = self.formation.rendezvous("join", src=step.src if peer else 0,
+                                                 fresh=step.ranks if peer else (), anew=not peer)
 
     def do_copyfrompeer(self, step: CopyFromPeer) -> None:
         fresh = sorted(set(step.ranks) | self.unjoined)  # a worker that never completed a formation is new too
-        held = [r for r in range(self.group.num_workers) if r not in fresh]
+        held = [r for r in range(self.core.num_workers) if r not in fresh]
         if not held:
             raise GroupError("no worker holds the group's state (every one is new): shut the group down and "
                              "start a new one, then roll back to a checkpoint")
         src = step.src if step.src not in fresh else held[0]
-        copy_to_fresh(self.group, src, fresh, self.results)
-        self.group._note_missing(self.results)
+        copy_to_fresh(self.core, src, fresh, self.results)
+        self.formation.note_missing(self.results)
 
     def do_rebind(self, step: Rebind) -> None:
-        refresh_rank_values(self.group)  # rank, world_size...: right on every rank, survivors too
+        refresh_rank_values(self.core)  # rank, world_size...: right on every rank, survivors too
 
     def do_loadcarried(self, step: LoadCarried) -> None:
         import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
-        group = self.group
-        if group.carried is None:
+        core = self.core
+        if core.carried is None:
             raise GroupError("no live worker is left to copy the state from: restart from a checkpoint "
                              "(%dist_restart --from-checkpoint NAME, group.restart(from_checkpoint=...)), or start "
                              "a new group and roll back to one")
-        src, data = group.carried
+        src, data = core.carried
         ref = ray.put(data)
-        results = group._get([s.actor.load_carried.remote(ref) for s in group.slots], group.start_timeout_s,
-                             "load the state carried from the old processes into")
+        results = core.collect([s.actor.load_carried.remote(ref) for s in core.slots],
+                               core.settings.start_timeout_s, "load the state carried from the old processes into")
         missing = results[0]["missing"]
         if missing:
             line = (f"{', '.join(missing)}: made in cells that are not replayed, so the fresh processes lack them "
                     f"and rank {src}'s state for them is gone; mark their cell --setup, or run it again")
             logger.warning("%s", line)
-            group.replay_failures.append(line)
-        group.carried = None
+            core.replay_failures.append(line)
+        core.carried = None
 
     # -- helpers ---------------------------------------------------------------------------------------
 
     def _size_config(self) -> None:
-        group, n = self.group, self.plan.num_workers
-        shared = share_cpus(dataclasses.replace(group.config, num_workers=n, cpus_per_worker=group.cpus_asked), n)
-        group.config = dataclasses.replace(group.config, cpus_per_worker=shared.cpus_per_worker)
-        check_cluster(dataclasses.replace(group.config, num_workers=n), n)
+        core, n = self.core, self.plan.num_workers
+        asked = dataclasses.replace(core.config, num_workers=n, cpus_per_worker=core.settings.cpus_asked)
+        shared = share_cpus(asked, n)
+        core.config = dataclasses.replace(core.config, cpus_per_worker=shared.cpus_per_worker)
+        check_cluster(dataclasses.replace(core.config, num_workers=n), n)
 
     def _places(self, need: int) -> List[Place]:
         """Places for ``need`` new workers: free ones still on live nodes first, then the plan's reserve, then
         new ones where the cluster has room (for places lost with their node)."""
-        group, slots = self.group, self.group.slots
+        core, slots = self.core, self.core.slots
         places = [p for p, ok in zip(slots.free, bundles_placed(slots.free)) if ok][:need]
         for place in places:
             slots.free.remove(place)
@@ -190,7 +196,7 @@ class Execution:
             places += [(pg, i) for i in range(min(need - len(places), size))]
         if len(places) < need:
             more = need - len(places)
-            pg = reserve(dataclasses.replace(group.config, num_workers=more), more, group.placement_timeout_s)
+            pg = reserve(dataclasses.replace(core.config, num_workers=more), more, core.settings.placement_timeout_s)
             slots.pgs.append(pg)
             places += [(pg, i) for i in range(more)]
         return places
@@ -207,85 +213,87 @@ class Execution:
                     logger.debug("rank %d: replaying %s (received on joining)", r, line)
                     continue
                 logger.warning("rank %d: replaying %s", r, line)
-                self.group.replay_failures.append(f"rank {r}: {line}")
+                self.core.replay_failures.append(f"rank {r}: {line}")
 
     def _undo(self, exc: BaseException) -> None:
-        group = self.group
+        core = self.core
         if self.plan.in_place:  # the new workers go; the survivors keep their state (and can rescale to fewer)
             for r in self.plan.new_ranks:
-                kill_worker(group.slots[r])
-                group.slots[r].mark(SlotState.DEAD, "its replacement failed to start")
-            group.transition(GroupState.FAILED)
-        elif group.kind.fresh_processes:
-            renewal_failed(group)
+                kill_worker(core.slots[r])
+                core.slots[r].mark(SlotState.DEAD, "its replacement failed to start")
+            core.transition(GroupState.FAILED)
+        elif core.kind.fresh_processes:
+            renewal_failed(core)
         elif isinstance(exc, RecoveryError):
-            back_to(group, self.keep, self.new)
+            back_to(core, self.formation, self.keep, self.new)
         else:
-            group.transition(GroupState.FAILED)
+            core.transition(GroupState.FAILED)
 
 
-def carry_out(group: "WorkerGroup", plan: RecoveryPlan, from_checkpoint: bool = False) -> Execution:
-    """Run ``plan`` on ``group`` (see :class:`Execution`); returns the execution, with each step's time."""
-    execution = Execution(group, plan, from_checkpoint)
+def carry_out(core: "GroupCore", formation: "Formation", plan: RecoveryPlan,
+              from_checkpoint: bool = False) -> Execution:
+    """Run ``plan`` on the group of ``core`` (see :class:`Execution`); returns the execution, with each step's
+    time."""
+    execution = Execution(core, formation, plan, from_checkpoint)
     execution.run()
     return execution
 
 
-def prepare_new(group: "WorkerGroup", ranks: Sequence[int]) -> Dict[int, List[str]]:
+def prepare_new(core: "GroupCore", formation: "Formation", ranks: Sequence[int]) -> Dict[int, List[str]]:
     """Set up the workers of ``ranks`` without joining, then replay the cells on them.
 
     Returns each rank's replay failures (one line each), to be judged once the rank joined (a cell that
     used an object the rank receives from a peer on joining failed only for want of it)."""
     # The run directory first: report(checkpoint=...) and get_checkpoint() work on a new rank too.
-    slots = group.slots
-    group._get([slots[r].actor.set_storage.remote(group.run_storage.url) for r in ranks], CONTROL_START_S, "start")
-    infos = group._contexts()
+    slots = core.slots
+    core.collect([slots[r].actor.set_storage.remote(core.run_storage.url) for r in ranks], CONTROL_START_S, "start")
+    infos = formation.contexts()
     addr = slots[0].info.get("node_ip", "127.0.0.1")
-    refs = [slots[r].actor.setup.remote(infos[r].context(group.name), infos[r].env(addr, 0),
-                                        group.backend, addr, 0, True) for r in ranks]
-    for r, res in zip(ranks, group._get(refs, group.start_timeout_s, "start")):
+    refs = [slots[r].actor.setup.remote(infos[r].context(core.name), infos[r].env(addr, 0),
+                                        core.backend, addr, 0, True) for r in ranks]
+    for r, res in zip(ranks, core.collect(refs, core.settings.start_timeout_s, "start")):
         slots[r].device = res["device"]
-    if group.pushed:  # values pushed from the notebook, which the cells to replay may use
+    if core.pushed:  # values pushed from the notebook, which the cells to replay may use
         import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
-        ref = ray.put(dict(group.pushed))
-        group._get([slots[r].actor.push.remote(ref) for r in ranks], CONTROL_START_S, "receive pushed values in")
-    cells = [(c.cell_id, c.source, c.setup) for c in group.history]
+        ref = ray.put(dict(core.pushed))
+        core.collect([slots[r].actor.push.remote(ref) for r in ranks], CONTROL_START_S, "receive pushed values in")
+    cells = [(c.cell_id, c.source, c.setup) for c in core.history]
     if not cells:
         return {}
-    if group.kind.fresh_processes:  # every rank replays together, inside the backend (TensorFlow's strategy spans them)
-        with group._framework_cell(list(ranks)) as specs:
-            failed = group._get([slots[r].actor.replay.remote(cells, spec) for r, spec in zip(ranks, specs)],
-                                group.start_timeout_s, "replay the cells of")
+    if core.kind.fresh_processes:  # every rank replays together, inside the backend (TensorFlow's strategy spans them)
+        with core.driver_cell(list(ranks)) as specs:
+            failed = core.collect([slots[r].actor.replay.remote(cells, spec) for r, spec in zip(ranks, specs)],
+                                  core.settings.start_timeout_s, "replay the cells of")
     else:
-        failed = group._get([slots[r].actor.replay.remote(cells) for r in ranks], group.start_timeout_s,
-                            "replay the cells of")
+        failed = core.collect([slots[r].actor.replay.remote(cells) for r in ranks], core.settings.start_timeout_s,
+                              "replay the cells of")
     return dict(zip(ranks, failed))
 
 
-def renewal_failed(group: "WorkerGroup") -> None:
+def renewal_failed(core: "GroupCore") -> None:
     """Fresh processes for every rank did not come up: every one goes (none has the state), and the state
     handed over stays on the group for the next restart, which then needs no live rank."""
-    for slot in group.slots:
+    for slot in core.slots:
         kill_worker(slot)
         slot.mark(SlotState.DEAD, "fresh processes for every rank failed to start")
-    group.transition(GroupState.FAILED)
-    if group.carried is not None:
+    core.transition(GroupState.FAILED)
+    if core.carried is not None:
         logger.warning("the state of rank %d is kept: %%dist_restart (group.restart()) again starts fresh processes "
-                       "and loads it", group.carried[0])
+                       "and loads it", core.carried[0])
 
 
-def back_to(group: "WorkerGroup", keep: List[Slot], new: List[Slot]) -> None:
+def back_to(core: "GroupCore", formation: "Formation", keep: List[Slot], new: List[Slot]) -> None:
     """After a rescale the new ranks could not join: drop them and re-form the kept workers as they were."""
     for slot in new:
         kill_worker(slot)
-        group.slots.free.append(slot.place)
-    group.slots.assign(keep)
+        core.slots.free.append(slot.place)
+    core.slots.assign(keep)
     try:
-        group._rendezvous("join", src=0)
+        formation.rendezvous("join", src=0)
     except BaseException:
-        group.transition(GroupState.FAILED)
+        core.transition(GroupState.FAILED)
         raise
-    group.config = dataclasses.replace(group.config, num_workers=len(keep))
-    refresh_rank_values(group)  # the kept workers' size may differ from before the rescale (dead ones dropped)
-    group.transition(GroupState.IDLE)
+    core.config = dataclasses.replace(core.config, num_workers=len(keep))
+    refresh_rank_values(core)  # the kept workers' size may differ from before the rescale (dead ones dropped)
+    core.transition(GroupState.IDLE)

@@ -1,38 +1,44 @@
 """WorkerGroup: a persistent group of Ray actors that runs cells and functions.
 
-The magics and the dashboard are thin layers over the public methods here;
-everything a user can click can be scripted. Starting workers and forming the
-process group live in :mod:`.formation`, running code in :mod:`.execution`,
-recovery in :mod:`.recovery`, snapshots in :mod:`.snapshots`; the state machine in
-:mod:`.state` and the slot table in :mod:`.slots`.
+The magics and the dashboard are thin layers over the public methods here; everything a user can click can
+be scripted. ``WorkerGroup`` is a facade: the group's mutable parts live in one private core (``core.py``),
+and each job is one part acting on it: forming the group (``formation.py``), running code
+(``execution.py``), liveness (``liveness.py``), recovery (``recovery.py``: a plan, carried out by
+``executor.py``), snapshots (``snapshots.py``). Nothing outside reaches into the core.
 """
 from __future__ import annotations
 
 import logging
+import operator
 import secrets
-import threading
 import time
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from .. import cluster, frontend
+from .. import frontend
 from ..checkpoint.run_storage import RunStorage
 from ..errors import GroupError
+from ..output import OutputSink
 from ..worker.checkpointing import read_storage_marker
+from . import liveness
 from .config import GroupConfig
-from .execution import ExecutionMixin
-from .formation import FormationMixin
-from .liveness import LivenessMixin
+from .core import GroupCore, Settings
+from .execution import Runner
+from .formation import Formation
 from .monitor import HealthMonitor
-from .placement import reserve, share_cpus
-from .rank_refresh import RankValues
 from .recovery import replace_ranks, rescale, restart
-from .slots import SlotTable
+from .retiring import teardown
 from .snapshots import RollbackResult, checkpoint, load, rollback, wait_background
-from .state import GroupState, SlotState, check_transition
-from .timing import CONTROL_CALL_S, CONTROL_START_S, DEFAULT_HEARTBEAT_TIMEOUT_S
-from .types import CellRecord
+from .state import GroupState
+from .timing import DEFAULT_HEARTBEAT_TIMEOUT_S
+from .types import WorkerStatus
 
 logger = logging.getLogger(__name__)
+
+
+def _read(path: str, doc: str, copy: Callable[[Any], Any] = lambda value: value) -> property:
+    """A read-only property of the group: ``path`` (dotted) read off its core, through ``copy``."""
+    get = operator.attrgetter(path)
+    return property(lambda self: copy(get(self._core)), doc=doc)
 
 
 _ACTIVE: Optional["WorkerGroup"] = None
@@ -43,7 +49,7 @@ def active_group() -> Optional["WorkerGroup"]:
     return _ACTIVE
 
 
-class WorkerGroup(FormationMixin, ExecutionMixin, LivenessMixin):
+class WorkerGroup:
     """N Ray actors, one per rank, with a persistent namespace each and a process group.
 
     Args:
@@ -83,121 +89,157 @@ class WorkerGroup(FormationMixin, ExecutionMixin, LivenessMixin):
                  checkpoint_score_attribute: Optional[str] = None, checkpoint_score_order: str = "max",
                  activate: bool = True) -> None:
         global _ACTIVE
-        self.config = GroupConfig(num_workers=num_workers, cpus_per_worker=cpus_per_worker,
-                                  gpus_per_worker=gpus_per_worker, resources_per_worker=resources_per_worker,
-                                  placement_strategy=placement_strategy, backend=backend)
-        self.cpus_asked = float(cpus_per_worker)  # config's may be a share of the machine's (share_cpus)
-        self.kind = self.config.kind  # how it forms, carries state and recovers: chosen once (group/kinds.py)
-        self.backend = self.kind.torch_backend
-        self.address = address
-        self.name = name or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"  # unique per writer
-        self.start_timeout_s = start_timeout_s
-        self.state = GroupState.STARTING
-        self._observers: List[Callable[[GroupState, GroupState], None]] = []
-        self._metric_observers: List[Callable[[Sequence[Dict[str, Any]]], None]] = []
-        self._lock = threading.RLock()
-        self._state_lock = threading.RLock()
-        self.slots = SlotTable()
-        self.history: List[CellRecord] = []
-        self.pushed: Dict[str, Any] = {}  # the latest value pushed under each name (new ranks get them too)
-        self._max_report_index = -1
-        self.background: Optional[Any] = None  # the latest BackgroundRun
-        self.replay_failures: List[str] = []  # setup cells that failed when a new rank replayed them
-        self.rank_values: Optional[RankValues] = None  # what the latest restart or rescale re-evaluated
-        # (rank, state) handed over by a live rank before fresh processes replace every rank (TensorFlow), kept
-        # until they have it: a renewal that failed leaves it for the next restart
-        self.carried: Optional[Tuple[int, bytes]] = None
-        self.rank_specific: set = {"rank", "local_rank", "world_rank", "ctx"}  # plain names that differ by rank
-        self._cell_seq = 0
-        self.latest_metrics: Dict[int, Dict[str, Any]] = {}
-        self.metrics_history: Dict[int, Deque[Dict[str, Any]]] = {}
-        self.storage_path = storage_path
-        self.num_spares = spares
         if isinstance(spares, bool) or not isinstance(spares, int) or spares < 0:
             raise GroupError(f"spares={spares!r} is not allowed: give a whole number, 0 or more (--spares 1)")
-        self.placement_timeout_s = placement_timeout_s
-        self.run_storage = RunStorage(storage_path, self.name, num_to_keep, checkpoint_score_attribute,
-                                      checkpoint_score_order, owner=f"group {self.name!r}")
-        try:
-            cluster.connect(address)
-            self.config = share_cpus(self.config, num_workers + spares)  # more than the machine has: shared
-            self.slots.pgs.append(reserve(self.config, num_workers + spares, placement_timeout_s))
-        except BaseException:
-            self.run_storage.close()
-            raise
-        pg = self.slots.pgs[0]
-        try:
-            self.slots.spares = [self._spawn(pg, i) for i in range(num_workers, num_workers + spares)]
-            for spare in self.slots.spares:
-                spare.actor.warm.remote()
-            self.slots.assign(self._order([self._spawn(pg, i) for i in range(num_workers)]))
-            self._rendezvous("setup")
-            self._get([s.actor.set_storage.remote(self.run_storage.url) for s in self.slots], CONTROL_START_S, "start")
-            self.run_storage.check_shared(lambda url, token: self.execute(read_storage_marker, url, token),
-                                          num_workers)
-        except BaseException:
-            self._teardown()
-            raise
-        self.transition(GroupState.IDLE)
-        self._monitor = HealthMonitor(self, heartbeat_timeout_s=heartbeat_timeout_s)
+        config = GroupConfig(num_workers=num_workers, cpus_per_worker=cpus_per_worker,
+                             gpus_per_worker=gpus_per_worker, resources_per_worker=resources_per_worker,
+                             placement_strategy=placement_strategy, backend=backend)
+        name = name or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"  # unique per writer
+        settings = Settings(name=name, cpus_asked=float(cpus_per_worker), start_timeout_s=start_timeout_s,
+                            placement_timeout_s=placement_timeout_s, num_spares=spares, address=address,
+                            storage_path=storage_path)
+        storage = RunStorage(storage_path, name, num_to_keep, checkpoint_score_attribute, checkpoint_score_order,
+                             owner=f"group {name!r}")
+        self._core = core = GroupCore(config, settings, storage)
+        self._formation = Formation(core)
+        self._runner = Runner(core, self._formation, self)
+        self._monitor: Optional[HealthMonitor] = None
+        self._formation.start(lambda url, token: self.execute(read_storage_marker, url, token))
+        core.transition(GroupState.IDLE)
+        self._monitor = HealthMonitor(core, heartbeat_timeout_s=heartbeat_timeout_s)
+        core.heartbeat_s = heartbeat_timeout_s  # formations from now on judge a silent rank by it too
         if activate:
             _ACTIVE = self
-        logger.info("group %s: %d workers ready", self.name, num_workers)
+        logger.info("group %s: %d workers ready", name, num_workers)
 
-    # -- observers and state -------------------------------------------------------------
+    # -- what the group is (read-only: the group's own parts change it) ---------------------
+
+    state = _read("state", "The group's :class:`GroupState` (``group.state == \"idle\"`` holds too).")
+    name = _read("name", "The run's name (its directory under the storage path).")
+    config = _read("config", "The group's :class:`GroupConfig` (a rescale changes ``num_workers``).")
+    kind = _read("kind", "How the group forms, carries state and recovers (a ``GroupKind``, chosen once).")
+    backend = _read("backend", "The torch process group's backend (``gloo``, ``nccl``) or the framework's name.")
+    num_workers = _read("num_workers", "How many ranks the group has now.")
+    address = _read("settings.address", "The Ray cluster address the group was started on (None: local).")
+    storage_path = _read("settings.storage_path", "Where runs are kept, as given (None: the default).")
+    num_spares = _read("settings.num_spares", "How many standby workers the group keeps.")
+    run_storage = _read("run_storage", "Where the run's checkpoints live (``.url``, ``.manager``).")
+    background = _read("background", "The latest ``--background`` cell (a ``BackgroundRun``), or None.")
+    rank_values = _read("rank_values", "What the latest restart or rescale re-evaluated on every rank (a "
+                                       ":class:`RankValues`: ``rank``, ``world_size``...), or None.")
+
+    slots = _read("slots", "The workers of ranks 0..n-1 (actor, ``info`` with pid and node, state), in rank order.",
+                  tuple)
+    free_places = _read("slots.free", "Places (placement group, bundle) reserved for the group, not in use.", tuple)
+    history = _read("history", "The cells the group ran on every rank, oldest first.", tuple)
+    replay_failures = _read("replay_failures", "Lines about what new ranks could not rebuild (a setup cell that "
+                                               "failed, a name not copied).", tuple)
+
+    def take_replay_failures(self) -> List[str]:
+        """:attr:`replay_failures`, then forget them (the magics say each once)."""
+        lines, self._core.replay_failures[:] = list(self._core.replay_failures), []
+        return lines
+
+    @property
+    def latest_metrics(self) -> Dict[int, Dict[str, Any]]:
+        """The latest metrics each rank reported (a copy)."""
+        return {rank: dict(m) for rank, m in self._core.latest_metrics.items()}
+
+    @property
+    def metrics_history(self) -> Dict[int, List[Dict[str, Any]]]:
+        """Every rank's reported metrics, oldest first (up to the last 10,000 per rank; a copy)."""
+        return {rank: list(records) for rank, records in self._core.metrics_history.items()}
 
     def subscribe(self, callback: Callable[[GroupState, GroupState], None]) -> None:
         """Call ``callback(old, new)`` on every state change."""
-        self._observers.append(callback)
+        self._core.subscribe(callback)
 
     def subscribe_metrics(self, callback: Callable[[Sequence[Dict[str, Any]]], None]) -> None:
         """Call ``callback(records)`` whenever reported metrics arrive from workers."""
-        self._metric_observers.append(callback)
+        self._core.subscribe_metrics(callback)
 
-    def transition(self, new: GroupState) -> None:
-        """Change the group's state, checked against :data:`~.state.TRANSITIONS`, and tell observers.
+    # -- running code (:mod:`.execution`) ---------------------------------------------------
+
+    def run(self, source: str, ranks: Optional[Sequence[int]] = None, *, output: str = "rank0",
+            sink: Optional[OutputSink] = None, setup: Optional[bool] = None, on_failure: str = "raise",
+            max_failures: int = 1, background: bool = False) -> Any:
+        """Run cell source in each worker's persistent namespace (IPython semantics).
+
+        Output streams to ``sink`` while the cell runs; the value of a trailing
+        expression is rendered on the worker and passed to ``sink.value``.
+
+        Args:
+            source: the cell's code.
+            ranks: the ranks to run on (default: all).
+            output: ``rank0`` (the lowest targeted rank), ``all`` (labelled) or ``none``.
+            sink: where output goes (default: this process's stdout/stderr).
+            setup: whether a new rank must replay this cell to rebuild its namespace;
+                by default, cells that neither called ``report()`` nor ran a prepared model.
+            on_failure: when a worker dies: ``raise`` (default), ``restart`` (replace it,
+                state from a live peer) or ``rescale`` (continue with the survivors); then
+                the cell runs again, at most ``max_failures`` times (-1: no limit).
+            background: return at once a :class:`BackgroundRun` (``.wait()`` for the result);
+                output keeps going to ``sink``; status, checkpoint, interrupt and pull work meanwhile.
+
+        Returns:
+            A :class:`CellResult`.
 
         Raises:
-            TransitionError: the table does not allow the change.
+            WorkerError: the cell raised on some ranks (merged, shown as the cell's traceback).
         """
-        with self._state_lock:
-            old = self.state
-            check_transition(old, new)
-            self.state = new
-        if old is not new:
-            self._notify(old)
+        return self._runner.run(source, ranks, output=output, sink=sink, setup=setup, on_failure=on_failure,
+                                max_failures=max_failures, background=background)
 
-    def _notify(self, old: Optional[GroupState] = None) -> None:
-        """Tell observers the group or a worker changed (``old is new`` for a worker-only change)."""
-        for cb in list(self._observers):
-            try:
-                cb(old or self.state, self.state)
-            except Exception:  # an observer never breaks the group
-                logger.exception("state observer failed")
+    def execute(self, fn: Callable[..., Any], *args: Any, ranks: Optional[Sequence[int]] = None,
+                sink: Optional[OutputSink] = None, output: str = "rank0", **kwargs: Any) -> List[Any]:
+        """Call ``fn(*args, **kwargs)`` on each targeted worker; return per-rank results in rank order.
 
-    @property
-    def num_workers(self) -> int:
-        return len(self.slots)
+        ``output``: whose output reaches ``sink``: ``rank0`` (default), ``all`` (labelled) or ``none``.
+        """
+        return self._runner.execute(fn, *args, ranks=ranks, sink=sink, output=output, **kwargs)
 
-    def _check_not_running(self) -> None:
-        if self.state is GroupState.SHUTDOWN:
-            raise GroupError("this group was shut down: start a new one (a new %%distributed cell)")
-        if self.state is GroupState.RUNNING:
-            if self.background is not None and not self.background.done():
-                raise GroupError("a background cell is running: %dist_wait waits for it, %dist_interrupt stops it "
-                                 "(%dist_status, %dist_checkpoint, %dist_pull and %dist_interrupt work meanwhile)")
-            raise GroupError("the group is running a cell: wait for it, or interrupt it")
+    def push(self, **values: Any) -> None:
+        """Bind ``values`` in every worker's namespace (new ranks get them too).
 
-    def _check_usable(self) -> None:
-        self._check_not_running()
-        dead = self.slots.gone_ranks()
-        if dead:
-            raise GroupError(
-                f"rank(s) {', '.join(map(str, dead))} are dead or not responding: %dist_restart (group.restart()) "
-                "replaces them, %dist_rescale N (group.rescale(n)) continues without them"
-            )
+        Raises:
+            GroupError: a value cannot be pickled (names the variable).
+        """
+        self._runner.push(**values)
 
-    # -- looking and controlling (liveness, status and interrupts: :mod:`.liveness`) ------
+    def pull(self, name: str, rank: Optional[int] = 0) -> Any:
+        """A variable from one rank (default 0) or, with ``rank=None``, a list from every rank.
+
+        DDP models come back unwrapped and tensors on the CPU.
+
+        Raises:
+            GroupError: the name is not defined on a rank, or a rank is dead or did not answer within
+                ``timing.PULL_S`` (every rank is asked at once: a stopped rank costs one deadline).
+        """
+        return self._runner.pull(name, rank)
+
+    def reload(self, module: str) -> List[str]:
+        """Re-import ``module`` on every rank (after editing it); returns its file per rank."""
+        return self._runner.reload(module)
+
+    # -- looking and controlling (:mod:`.liveness`) -------------------------------------------
+
+    def status(self, ping: bool = True) -> List[WorkerStatus]:
+        """One :class:`WorkerStatus` per rank; dead workers show as ``dead``.
+
+        Args:
+            ping: ask every live worker first, all at once (up to ``timing.PING_S``), so a death Ray
+                knows of counts; ``False`` answers at once from what the group already knows (observers,
+                the dashboard).
+        """
+        return liveness.status(self._core, ping)
+
+    def interrupt(self) -> List[Dict[str, Any]]:
+        """Interrupt the running code on every rank (KeyboardInterrupt in user code).
+
+        Every live rank is asked at once, with one deadline (``timing.INTERRUPT_CALL_S``) for all: a rank
+        that did not answer by then is ``unreachable``.
+        """
+        return liveness.interrupt(self._core)
 
     def dashboard(self, **options: Any) -> Any:
         """This group's live dashboard (one per group): per-rank progress, a metrics plot, the
@@ -211,7 +253,7 @@ class WorkerGroup(FormationMixin, ExecutionMixin, LivenessMixin):
 
     def replace(self, ranks: Sequence[int]) -> None:
         """Replace the workers of ``ranks`` with fresh ones that get a live peer's state."""
-        replace_ranks(self, list(ranks))
+        replace_ranks(self._core, self._formation, list(ranks))
 
     # -- checkpoints -----------------------------------------------------------------------
 
@@ -230,7 +272,7 @@ class WorkerGroup(FormationMixin, ExecutionMixin, LivenessMixin):
         Raises:
             SnapshotError: e.g. an optimizer whose model is not bound to a name.
         """
-        return checkpoint(self, name, list(vars), blocking, timeout_s)
+        return checkpoint(self._core, name, list(vars), blocking, timeout_s)
 
     def rollback(self, name_or_index: Any = "latest", *, run: Optional[str] = None,
                  allow_pickle: bool = False) -> RollbackResult:
@@ -245,7 +287,7 @@ class WorkerGroup(FormationMixin, ExecutionMixin, LivenessMixin):
             A :class:`RollbackResult` listing what was restored and the plain variables,
             not restored, that changed since the snapshot.
         """
-        return rollback(self, name_or_index, run, allow_pickle)
+        return rollback(self._core, name_or_index, run, allow_pickle)
 
     def load(self, checkpoint: Any, *, allow_pickle: bool = False) -> RollbackResult:
         """Load a checkpoint of named state into the same named objects on every rank (``id()`` unchanged).
@@ -267,7 +309,7 @@ class WorkerGroup(FormationMixin, ExecutionMixin, LivenessMixin):
             >>> group.load(results.get_best_result())   # doctest: +SKIP
             loaded /runs/trial_1/checkpoint_000003: restored model, opt
         """
-        return load(self, checkpoint, allow_pickle)
+        return load(self._core, checkpoint, allow_pickle)
 
     def attach_datasets(self, **datasets: Any) -> None:
         """Split Ray Data datasets across the ranks; ``get_dataset_shard(name)`` returns each rank's part.
@@ -281,7 +323,7 @@ class WorkerGroup(FormationMixin, ExecutionMixin, LivenessMixin):
 
     def checkpoints(self, kind: Optional[str] = None) -> List[Any]:
         """The run's checkpoints (``kind``: ``"snapshot"``, ``"reported"`` or all), oldest first."""
-        wait_background(self)
+        wait_background(self._core)
         return self.run_storage.manager.list(kind)
 
     def delete_checkpoint(self, name: str) -> None:
@@ -317,7 +359,7 @@ class WorkerGroup(FormationMixin, ExecutionMixin, LivenessMixin):
             GroupError: no dead worker, or no live worker to copy state from (and no ``from_checkpoint``).
         """
         self.run_storage.recover()
-        replaced = restart(self, from_checkpoint is not None)
+        replaced = restart(self._core, self._formation, from_checkpoint is not None)
         if from_checkpoint is not None:
             self.rollback(from_checkpoint)
         return replaced
@@ -335,40 +377,20 @@ class WorkerGroup(FormationMixin, ExecutionMixin, LivenessMixin):
             GroupError / ResourceError: a bad size, or not enough resources (names the numbers).
         """
         self.run_storage.recover()
-        rescale(self, num_workers)
+        rescale(self._core, self._formation, num_workers)
 
     def shutdown(self) -> None:
         """Stop every worker and free the resources (the Ray instance stays up)."""
         global _ACTIVE
-        if self.state is GroupState.SHUTDOWN:
+        if self._core.state is GroupState.SHUTDOWN:
             return
-        if getattr(self, "_monitor", None) is not None:
+        if self._monitor is not None:
             self._monitor.stop()
-        self._teardown()
-        self.transition(GroupState.SHUTDOWN)
+        teardown(self._core)
+        self._core.transition(GroupState.SHUTDOWN)
         if _ACTIVE is self:
             _ACTIVE = None
 
-    def _teardown(self) -> None:
-        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
-        # ray: loaded when a group or trainer runs, not on import raytrain_nb
-        from ray.util.placement_group import remove_placement_group
-
-        live = [s for s in self.slots if s.state != SlotState.DEAD]
-        if live:
-            ray.wait([s.actor.shutdown_backend.remote() for s in live], num_returns=len(live), timeout=CONTROL_CALL_S)
-        for s in self.slots.everyone():
-            try:
-                ray.kill(s.actor, no_restart=True)
-            except Exception as exc:  # noqa: BLE001 - already gone is fine; anything else is said
-                if not isinstance(exc, ray.exceptions.RayActorError):
-                    logger.warning("could not stop the worker of pid %s: %s", s.info.get("pid"), exc)
-        for pg in self.slots.pgs:
-            try:
-                remove_placement_group(pg)
-            except Exception as exc:  # noqa: BLE001 - teardown goes on, and says what it left
-                logger.warning("could not release placement group %s: %s", pg.id.hex(), exc)
-        self.run_storage.close()
-
     def __repr__(self) -> str:
-        return f"WorkerGroup(name={self.name!r}, workers={self.num_workers}, backend={self.backend!r}, state={self.state.value!r})"
+        return (f"WorkerGroup(name={self.name!r}, workers={self.num_workers}, backend={self.backend!r}, "
+                f"state={self.state.value!r})")

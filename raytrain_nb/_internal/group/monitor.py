@@ -44,14 +44,14 @@ class HealthMonitor:
     """A daemon thread that marks a group's dead or silent workers.
 
     Args:
-        group: the group to watch.
+        core: the core of the group to watch (its slots; it marks them).
         heartbeat_timeout_s: a worker silent this long is reported unresponsive.
         interval_s: how often to check.
     """
 
-    def __init__(self, group: Any, heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
+    def __init__(self, core: Any, heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
                  interval_s: float = 0.5) -> None:
-        self.group = group
+        self.core = core
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.interval_s = interval_s
         self._stop = threading.Event()
@@ -80,7 +80,7 @@ class HealthMonitor:
             self._stop.wait(self.interval_s)
 
     def _check(self, ray: Any) -> None:
-        actors = {s.actor for s in self.group.slots if s.state != SlotState.DEAD}
+        actors = {s.actor for s in self.core.slots if s.state != SlotState.DEAD}
         known = set(self._watches.values())
         for actor in actors - known:
             self._watches[actor.watch.remote()] = actor
@@ -97,9 +97,9 @@ class HealthMonitor:
                 try:
                     ray.get(ref, timeout=1.0)  # ready: it only fetches the error
                 except ray.exceptions.RayActorError as exc:
-                    self.group.mark_dead(actor, death_cause(exc))
+                    self.core.mark_dead(actor, death_cause(exc))
                 except Exception as exc:  # noqa: BLE001
-                    self.group.mark_dead(actor, str(exc)[:300])
+                    self.core.mark_dead(actor, str(exc)[:300])
         now = time.monotonic()
         for actor in actors:
             pending = self._pings.get(actor)
@@ -112,4 +112,4 @@ class HealthMonitor:
                 self._last_ok[actor] = now
                 self._pings[actor] = (actor.ping.remote(), now)
             elif now - self._last_ok.get(actor, now) > self.heartbeat_timeout_s:
-                self.group.mark_unresponsive(actor, now - self._last_ok[actor])
+                self.core.mark_unresponsive(actor, now - self._last_ok[actor])

@@ -18,12 +18,12 @@ from ..worker.replicate import plan_transfer
 from ..worker.walk import top_name
 
 if TYPE_CHECKING:
-    from .group import WorkerGroup
+    from .core import GroupCore
 
 logger = logging.getLogger(__name__)
 
 
-def copy_to_fresh(group: "WorkerGroup", src: int, fresh: Sequence[int], results: List[Any]) -> None:
+def copy_to_fresh(core: "GroupCore", src: int, fresh: Sequence[int], results: List[Any]) -> None:
     """Give the ``fresh`` ranks what rank ``src`` holds and they lack; record in ``results[r]`` (each rank's
     answer to joining) the names rank ``r`` received and those it went without.
 
@@ -32,26 +32,26 @@ def copy_to_fresh(group: "WorkerGroup", src: int, fresh: Sequence[int], results:
             keep their state.
         GroupError: a rank did not answer in time, died or raised.
     """
-    slots = group.slots
-    stock = group._get([s.actor.peer_inventory.remote(r in fresh) for r, s in enumerate(slots)],
-                       group.start_timeout_s, "take stock of their state in")
-    send, keep, cannot = plan_transfer(stock, src, sorted(group.rank_specific))
+    slots = core.slots
+    stock = core.collect([s.actor.peer_inventory.remote(r in fresh) for r, s in enumerate(slots)],
+                         core.settings.start_timeout_s, "take stock of their state in")
+    send, keep, cannot = plan_transfer(stock, src, sorted(core.rank_specific))
     handles: Dict[str, str] = stock[src]["handles"]
     rebuild = sorted(n for n in send if n in handles)
     send = [n for n in send if n not in handles]
-    plain = [n for n in stock[src]["plain"] if n not in group.rank_specific]
+    plain = [n for n in stock[src]["plain"] if n not in core.rank_specific]
     kept = set(keep)
     models = [p for p in stock[src]["boosters"]
               if top_name(p) in kept and all(p in stock[r]["boosters"] for r in fresh)]
     if send or plain or models:
         ref = slots[src].actor.peer_pack.remote(send, keep, plain, models)
-        packed = group._get([ref], group.start_timeout_s, f"pack rank {src}'s state for the new ranks of")[0]
+        packed = core.collect([ref], core.settings.start_timeout_s, f"pack rank {src}'s state for the new ranks of")[0]
         if packed["problems"]:
             names = "; ".join(f"{n} ({why})" for n, why in sorted(packed["problems"].items()))
             raise RecoveryError(f"a new rank cannot get {names} from rank {src}: make them in a cell marked "
                                 "--setup (%%distributed --setup), which new ranks replay")
-        got = group._get([slots[r].actor.peer_receive.remote(ref, keep) for r in fresh], group.start_timeout_s,
-                         f"load rank {src}'s state into the new ranks of")
+        got = core.collect([slots[r].actor.peer_receive.remote(ref, keep) for r in fresh],
+                           core.settings.start_timeout_s, f"load rank {src}'s state into the new ranks of")
     else:
         got = [[] for _ in fresh]
     for r, names in zip(fresh, got):
@@ -62,6 +62,6 @@ def copy_to_fresh(group: "WorkerGroup", src: int, fresh: Sequence[int], results:
         line = (f"rank(s) {', '.join(map(str, fresh))}: {name!r} is rank {src}'s {handles[name]} (its own data), "
                 "not copied: build it again in the cell that trains")
         logger.warning("%s", line)
-        group.replay_failures.append(line)
+        core.replay_failures.append(line)
     logger.debug("rank(s) %s got %d object(s), %d variable(s) and %d booster model(s) from rank %d",
                  list(fresh), len(send), len(plain), len(models), src)

@@ -78,8 +78,8 @@ class FailurePolicy:
             ResourceError: dead ranks' places did not come back within ``wait_s`` and going on with fewer
                 workers is not allowed (or would be fewer than ``min_workers``).
         """
-        group.status()  # a death Ray knows of but the monitor has not marked yet counts
-        dead = sorted({d.rank for d in exc.deaths} | set(group.slots.gone_ranks()))
+        gone = [w.rank for w in group.status() if w.state.gone]  # status() pings: a death Ray knows of counts
+        dead = sorted({d.rank for d in exc.deaths} | set(gone))
         names = ", ".join(map(str, dead))
         alive = group.num_workers - len(dead)
         if not dead:

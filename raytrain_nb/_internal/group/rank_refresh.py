@@ -10,8 +10,8 @@ from ..worker.rank_values import plan_rank_values
 from .fanout import FANOUT
 from .timing import CONTROL_START_S
 
-if TYPE_CHECKING:  # the group calls in here; this module never imports it at run time
-    from .group import WorkerGroup
+if TYPE_CHECKING:  # the core is handed in; never imported here at run time
+    from .core import GroupCore
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class RankValues:
         return self.summary()
 
 
-def refresh_rank_values(group: "WorkerGroup") -> RankValues:
+def refresh_rank_values(core: "GroupCore") -> RankValues:
     """Have every rank of the re-formed ``group`` run again the assignments of its cell history whose value
     is only the rank's context (``worker/rank_values.py`` chooses them), all at once under one deadline.
 
@@ -55,7 +55,7 @@ def refresh_rank_values(group: "WorkerGroup") -> RankValues:
     also kept as ``group.rank_values``.
     """
     try:
-        plan = plan_rank_values([record.source for record in group.history])
+        plan = plan_rank_values([record.source for record in core.history])
     except Exception as exc:  # noqa: BLE001 - a recovery that worked is not failed by its summary
         logger.warning("could not tell which values are rank values: %s", exc, exc_info=True)
         plan = None
@@ -64,15 +64,15 @@ def refresh_rank_values(group: "WorkerGroup") -> RankValues:
     elif not plan.statements:
         result = RankValues(dependents=list(plan.dependents))
     else:
-        result = _ask(group, list(plan.statements), list(plan.names), list(plan.dependents))
-    group.rank_values = result
+        result = _ask(core, list(plan.statements), list(plan.names), list(plan.dependents))
+    core.rank_values = result
     if result.summary():
         logger.info("%s", result.summary())
     return result
 
 
-def _ask(group: "WorkerGroup", statements: List[str], names: List[str], dependents: List[str]) -> RankValues:
-    replies = FANOUT.ask(list(group.slots), lambda s: s.actor.refresh_rank_values.remote(statements, names),
+def _ask(core: "GroupCore", statements: List[str], names: List[str], dependents: List[str]) -> RankValues:
+    replies = FANOUT.ask(list(core.slots), lambda s: s.actor.refresh_rank_values.remote(statements, names),
                          CONTROL_START_S, "every rank to re-evaluate its rank values (rank, world size...)")
     failed, missed = [], set()
     for reply in replies:

@@ -12,11 +12,14 @@ from typing import TYPE_CHECKING, Any, List
 
 from ..errors import WorkerError
 from .executor import carry_out
+from .liveness import ping
 from .plans import RecoveryPlan, check_size, plan_recovery
 from .policy import FailurePolicy
 from .policy import carry_out as policy_carry_out
 
-if TYPE_CHECKING:  # the group calls in here; this module never imports it at run time
+if TYPE_CHECKING:  # handed in; never imported here at run time
+    from .core import GroupCore
+    from .formation import Formation
     from .group import WorkerGroup
 
 logger = logging.getLogger(__name__)
@@ -24,41 +27,42 @@ logger = logging.getLogger(__name__)
 ON_FAILURE = ("raise", "restart", "rescale")
 
 
-def _plan(group: "WorkerGroup", operation: str, **how: Any) -> RecoveryPlan:
-    slots = group.slots
-    return plan_recovery(group.kind, operation, live=slots.live_ranks(), gone=slots.gone_ranks(),
-                         spares=len(slots.spares), free_places=len(slots.free), carried=group.carried is not None,
+def plan_for(core: "GroupCore", operation: str, **how: Any) -> RecoveryPlan:
+    """The plan for ``operation`` on the group of ``core`` as it is now (``how``: as ``plan_recovery`` takes)."""
+    slots = core.slots
+    return plan_recovery(core.kind, operation, live=slots.live_ranks(), gone=slots.gone_ranks(),
+                         spares=len(slots.spares), free_places=len(slots.free), carried=core.carried is not None,
                          **how)
 
 
-def replace_ranks(group: "WorkerGroup", ranks: List[int]) -> None:
+def replace_ranks(core: "GroupCore", formation: "Formation", ranks: List[int]) -> None:
     """New actors in the places of ``ranks`` (live ones stuck in user code); state from the lowest other rank."""
-    plan = _plan(group, "replace", replace=ranks)
-    carry_out(group, plan)
+    plan = plan_for(core, "replace", replace=ranks)
+    carry_out(core, formation, plan)
     logger.info("replaced rank(s) %s; state copied from rank %s", list(ranks), plan.src)
 
 
-def restart(group: "WorkerGroup", from_checkpoint: bool = False) -> List[int]:
+def restart(core: "GroupCore", formation: "Formation", from_checkpoint: bool = False) -> List[int]:
     """Replace every dead or unresponsive rank (see ``WorkerGroup.restart``); returns those ranks."""
-    group._check_not_running()
-    group.status()  # ping every worker: a death Ray knows of but the monitor has not seen yet counts
-    dead = group.slots.gone_ranks()
-    plan = _plan(group, "restart", from_checkpoint=from_checkpoint)
-    carry_out(group, plan, from_checkpoint)
+    core.check_not_running()
+    ping(core)  # a death Ray knows of but the monitor has not seen yet counts
+    dead = core.slots.gone_ranks()
+    plan = plan_for(core, "restart", from_checkpoint=from_checkpoint)
+    carry_out(core, formation, plan, from_checkpoint)
     logger.info("replaced rank(s) %s; state %s", dead, f"copied from rank {plan.src}" if plan.src is not None
-                else "from the state handed over" if group.kind.fresh_processes and not from_checkpoint
+                else "from the state handed over" if core.kind.fresh_processes and not from_checkpoint
                 else "from their replayed cells, then the checkpoint")
     return dead
 
 
-def rescale(group: "WorkerGroup", num_workers: int) -> None:
+def rescale(core: "GroupCore", formation: "Formation", num_workers: int) -> None:
     """Grow or shrink the group to ``num_workers`` (see ``WorkerGroup.rescale``)."""
-    group._check_not_running()
+    core.check_not_running()
     check_size(num_workers)  # at once, before any worker is asked anything
-    group.status()  # ping every worker: a death Ray knows of but the monitor has not seen yet counts
-    carry_out(group, _plan(group, "rescale", num_workers=num_workers))
-    logger.info("%s %d workers%s", "renewed" if group.kind.fresh_processes else "rescaled to", num_workers,
-                " (fresh processes for every rank)" if group.kind.fresh_processes else "")
+    ping(core)  # a death Ray knows of but the monitor has not seen yet counts
+    carry_out(core, formation, plan_for(core, "rescale", num_workers=num_workers))
+    logger.info("%s %d workers%s", "renewed" if core.kind.fresh_processes else "rescaled to", num_workers,
+                " (fresh processes for every rank)" if core.kind.fresh_processes else "")
 
 
 def recover_and_retry(group: "WorkerGroup", exc: Exception, mode: str, attempt: int, max_failures: int,

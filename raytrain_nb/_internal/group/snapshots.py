@@ -19,11 +19,11 @@ from ..errors import CheckpointError, WorkerLostError
 from ..waits import get_within, join_within, wait_within
 from ..worker.snapshot_io import state_files
 from . import timing
-from .fanout import classify
+from .fanout import FANOUT, ReplyKind, classify
 from .state import GroupState
 
-if TYPE_CHECKING:  # the group calls in here; this module never imports it at run time
-    from .group import WorkerGroup
+if TYPE_CHECKING:  # the core is handed in; never imported here at run time
+    from .core import GroupCore
 
 logger = logging.getLogger(__name__)
 
@@ -45,25 +45,25 @@ class RollbackResult:
         return text
 
 
-def checkpoint(group: "WorkerGroup", name: Optional[str], var_names: Sequence[str], blocking: bool,
+def checkpoint(core: "GroupCore", name: Optional[str], var_names: Sequence[str], blocking: bool,
                timeout_s: float) -> Optional[CheckpointEntry]:
     """Snapshot the tracked state of every rank (see :meth:`WorkerGroup.checkpoint`)."""
-    run = group.run_storage
+    run = core.run_storage
     if run.background_error:
         err, run.background_error = run.background_error, None
         raise CheckpointError(f"an earlier background checkpoint failed: {err}")
     staged = run.manager.begin("snapshot", name)
-    actors = [s.actor for s in group.slots]
+    actors = [s.actor for s in core.slots]
     try:
-        if group.state is GroupState.RUNNING:  # a step boundary: the next report() on every rank
-            _at_step_boundary(group, actors, staged, var_names, timeout_s)
+        if core.state is GroupState.RUNNING:  # a step boundary: the next report() on every rank
+            _at_step_boundary(core, staged, var_names, timeout_s)
         else:
-            group._check_usable()
-            group._get([a.snapshot.remote(staged, list(var_names), not blocking) for a in actors],
-                       timing.SNAPSHOT_WRITE_S, "snapshot")
+            core.check_usable()
+            core.collect([a.snapshot.remote(staged, list(var_names), not blocking) for a in actors],
+                         timing.SNAPSHOT_WRITE_S, "snapshot")
             if not blocking:
                 waits = [a.snapshot_wait.remote(timing.BACKGROUND_WRITE_S) for a in actors]
-                thread = threading.Thread(target=_finish_background, args=(group, staged, waits),
+                thread = threading.Thread(target=_finish_background, args=(core, staged, waits),
                                           name="rtnb-snapshot-commit", daemon=True)
                 run.background = thread
                 thread.start()
@@ -71,46 +71,51 @@ def checkpoint(group: "WorkerGroup", name: Optional[str], var_names: Sequence[st
     except BaseException:
         discard_dir(staged)
         raise
-    return run.manager.commit(staged, "snapshot", _metrics_of(group))
+    return run.manager.commit(staged, "snapshot", _metrics_of(core))
 
 
-def _at_step_boundary(group: "WorkerGroup", actors: List[Any], staged: Any, var_names: Sequence[str],
-                      timeout_s: float) -> None:
-    """Snapshot at the next ``report()`` of every rank of the running cell, or cancel and raise."""
-    labels = [f"rank {r}" for r in range(len(actors))]
+def _at_step_boundary(core: "GroupCore", staged: Any, var_names: Sequence[str], timeout_s: float) -> None:
+    """Snapshot at the next ``report()`` of every rank of the running cell, or cancel and raise.
+
+    The request goes out through the fan-out; then the one wait of its own here: for a ``report()`` on every
+    rank, up to ``timeout_s`` (the user's), since the cell decides when that comes.
+    """
+    slots = list(core.slots)
     try:
-        get_within([a.request_snapshot.remote(staged, list(var_names)) for a in actors], timing.CONTROL_CALL_S,
-                   "every rank to accept the snapshot request", labels=labels, error=CheckpointError, log=logger,
-                   hint="%dist_status shows which ranks are stopped or dead; try again between cells")
-        waits = [a.snapshot_wait.remote(timeout_s) for a in actors]
+        FANOUT.ask(slots, lambda s: s.actor.request_snapshot.remote(staged, list(var_names)), timing.CONTROL_CALL_S,
+                   "every rank to accept the snapshot request").check(
+            error=CheckpointError, hint="%dist_status shows which ranks are stopped or dead; try again between cells")
+        waits = [s.actor.snapshot_wait.remote(timeout_s) for s in slots]
         ready, late = wait_within(waits, timeout_s + timing.CONTROL_CALL_S,
                                   "a report() on every rank to take the snapshot at", log=logger)
-        taken = not late and not any(r.get("timeout") for r in group._get(ready, timing.SNAPSHOT_ANSWER_S,
-                                                                           "snapshot"))
+        taken = not late and not any(r.get("timeout") for r in core.collect(ready, timing.SNAPSHOT_ANSWER_S,
+                                                                            "snapshot"))
     except BaseException:
-        _cancel(actors)
+        _cancel(slots)
         raise
     if not taken:
-        _cancel(actors)
+        _cancel(slots)
         raise CheckpointError(f"no report() came on every rank within {timeout_s:g} s while the cell "
                               "ran, so no consistent snapshot could be taken: try again between cells")
 
 
-def _cancel(actors: List[Any]) -> None:
+def _cancel(slots: List[Any]) -> None:
     """Withdraw a snapshot request from every rank (a rank that does not answer in time is only logged)."""
-    _, late = wait_within([a.cancel_snapshot.remote() for a in actors], timing.CONTROL_CALL_S,
-                          "every rank to withdraw the snapshot request", log=logger)
+    replies = FANOUT.ask(slots, lambda s: s.actor.cancel_snapshot.remote(), timing.CONTROL_CALL_S,
+                         "every rank to withdraw the snapshot request")
+    late = replies.ranks(ReplyKind.LATE)
     if late:
-        logger.warning("%d rank(s) did not confirm within %g s that the snapshot request is withdrawn; "
-                       "%%dist_status shows which ranks are stopped or dead", len(late), timing.CONTROL_CALL_S)
+        logger.warning("rank(s) %s did not confirm within %g s that the snapshot request is withdrawn; "
+                       "%%dist_status shows which ranks are stopped or dead", ", ".join(map(str, late)),
+                       timing.CONTROL_CALL_S)
 
 
-def _metrics_of(group: "WorkerGroup") -> Dict[str, Any]:
-    return dict(group.latest_metrics.get(0, {}))
+def _metrics_of(core: "GroupCore") -> Dict[str, Any]:
+    return dict(core.latest_metrics.get(0, {}))
 
 
-def _finish_background(group: "WorkerGroup", staged: Any, waits: List[Any]) -> None:
-    run = group.run_storage
+def _finish_background(core: "GroupCore", staged: Any, waits: List[Any]) -> None:
+    run = core.run_storage
     try:
         written = get_within(waits, timing.BACKGROUND_WRITE_S + timing.CONTROL_CALL_S,
                              f"every rank to write the background snapshot {staged.name}",
@@ -120,7 +125,7 @@ def _finish_background(group: "WorkerGroup", staged: Any, waits: List[Any]) -> N
         if slow:
             raise CheckpointError(f"rank(s) {', '.join(map(str, slow))} did not write the background snapshot "
                                   f"within {timing.BACKGROUND_WRITE_S:g} s: check the storage path")
-        run.manager.commit(staged, "snapshot", _metrics_of(group))
+        run.manager.commit(staged, "snapshot", _metrics_of(core))
     except Exception as exc:  # noqa: BLE001 - reported in the next cell
         discard_dir(staged)
         _, cause = classify(exc, -1, None)
@@ -132,22 +137,22 @@ def _finish_background(group: "WorkerGroup", staged: Any, waits: List[Any]) -> N
         logger.warning("background checkpoint %s failed: %s", staged.name, why)
 
 
-def wait_background(group: "WorkerGroup") -> None:
+def wait_background(core: "GroupCore") -> None:
     """Wait for a background checkpoint to commit (``--async``)."""
-    thread = group.run_storage.background
+    thread = core.run_storage.background
     if thread is not None:
         if not join_within(thread, timing.BACKGROUND_WRITE_S, "the background checkpoint to be written", logger):
             raise CheckpointError(f"the background checkpoint is still being written after "
                                   f"{timing.BACKGROUND_WRITE_S:g} s: check the storage path, then try again")
 
 
-def rollback(group: "WorkerGroup", name_or_index: Union[str, int], run: Optional[str],
+def rollback(core: "GroupCore", name_or_index: Union[str, int], run: Optional[str],
              allow_pickle: bool) -> RollbackResult:
     """Load a snapshot into every rank's objects in place (see :meth:`WorkerGroup.rollback`)."""
-    group._check_usable()
-    manager = group.run_storage.manager if run is None else CheckpointManager.load(
-        join(group.run_storage.url.rsplit("/", 1)[0], run))
-    wait_background(group)
+    core.check_usable()
+    manager = core.run_storage.manager if run is None else CheckpointManager.load(
+        join(core.run_storage.url.rsplit("/", 1)[0], run))
+    wait_background(core)
     snapshots = manager.list("snapshot")
     if name_or_index == "latest":
         if not snapshots:
@@ -159,19 +164,19 @@ def rollback(group: "WorkerGroup", name_or_index: Union[str, int], run: Optional
     if entry.kind != "snapshot":
         raise CheckpointError(f"{entry.name} is a reported checkpoint (your own files): load it in a cell with "
                               "raytrain_nb.get_checkpoint() or Checkpoint; rollback takes snapshots")
-    results = group._get([s.actor.rollback.remote(entry.path, allow_pickle) for s in group.slots],
-                         timing.SNAPSHOT_WRITE_S, "roll back")
+    results = core.collect([s.actor.rollback.remote(entry.path, allow_pickle) for s in core.slots],
+                           timing.SNAPSHOT_WRITE_S, "roll back")
     changed = sorted({n for r in results for n in r["changed"]})
     return RollbackResult(entry.name, results[0]["restored"], changed)
 
 
-def load(group: "WorkerGroup", source: Any, allow_pickle: bool) -> RollbackResult:
+def load(core: "GroupCore", source: Any, allow_pickle: bool) -> RollbackResult:
     """Load a state checkpoint into every rank's same named objects (see :meth:`WorkerGroup.load`)."""
-    group._check_usable()
+    core.check_usable()
     url = as_checkpoint(source, "group.load").url
     state_files(url)  # on the driver first: a wrong directory fails once, before any rank loads
-    wait_background(group)
-    results = group._get([s.actor.load_state.remote(url, allow_pickle) for s in group.slots],
-                         timing.SNAPSHOT_WRITE_S, "load a checkpoint into")
+    wait_background(core)
+    results = core.collect([s.actor.load_state.remote(url, allow_pickle) for s in core.slots],
+                           timing.SNAPSHOT_WRITE_S, "load a checkpoint into")
     changed = sorted({n for r in results for n in r["changed"]})
     return RollbackResult(url, results[0]["restored"], changed, verb="loaded")

@@ -62,7 +62,7 @@ def _install_for_tune() -> None:
     if original is None or getattr(original, "_rtnb", False):
         return
 
-    def _ray_auto_init(entrypoint: str) -> None:
+    def auto_init_on_our_cluster(entrypoint: str) -> None:
         import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
         if os.environ.get("TUNE_DISABLE_AUTO_INIT") != "1" and not ray.is_initialized():
@@ -72,5 +72,5 @@ def _install_for_tune() -> None:
                 logger.warning("starting Ray the raytrain_nb way failed (%s); Tune calls ray.init()", exc)
         original(entrypoint)
 
-    _ray_auto_init._rtnb = True  # type: ignore[attr-defined]
-    tune._ray_auto_init = _ray_auto_init
+    auto_init_on_our_cluster._rtnb = True  # type: ignore[attr-defined]
+    tune._ray_auto_init = auto_init_on_our_cluster

@@ -68,7 +68,7 @@ def growth(group: "WorkerGroup", scaling: "ScalingConfig") -> int:
         return 0
     # group.rescale() fills the places of lost workers that are placed again first. While one
     # is still waiting for a node, free resources are not counted: Ray gives them to that place.
-    placed = bundles_placed(list(group.slots.free))
+    placed = bundles_placed(list(group.free_places))
     if not all(placed):
         return min(room, sum(placed))
     return min(room, len(placed) + _fits(ray.available_resources(), group.config.placement_bundle()))

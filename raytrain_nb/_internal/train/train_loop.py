@@ -40,7 +40,7 @@ def run_loop(fn: Callable[..., Any], config: Optional[Dict[str, Any]], with_conf
     run has no committed checkpoint of its own.
     """
 
-    sess = session._session
+    sess = session.current_session()
     base = sess.latest if sess is not None else None
     if sess is not None and resume is not None:
         sess.latest = lambda: (base() if base is not None else None) or resume

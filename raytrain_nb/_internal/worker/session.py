@@ -121,6 +121,11 @@ def set_session(session: Optional[WorkerSession]) -> None:
     _session = session
 
 
+def current_session() -> Optional[WorkerSession]:
+    """This worker's session, or None outside a worker (a driver, a Tune trial's own process)."""
+    return _session
+
+
 def _get_session(fn: str) -> WorkerSession:
     if _session is None:
         raise RuntimeError(

@@ -117,8 +117,9 @@ class _DeviceLoader:
 
 def _rank_and_world() -> "tuple[int, int]":
 
-    if session._session is not None:
-        ctx = session._session.context
+    sess = session.current_session()
+    if sess is not None:
+        ctx = sess.context
         return ctx.world_rank, ctx.world_size
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()

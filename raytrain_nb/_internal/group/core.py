@@ -1,0 +1,223 @@
+"""The group core: the mutable parts of one worker group in one object, behind one lock.
+
+Everything a group changes while it lives is here: its settings (``config``, which a rescale replaces), its
+state and the observers told of every change, the slot table, the cell history, the values pushed from the
+notebook, what a recovery carries over, and the metrics reported by the workers. The public
+:class:`~raytrain_nb.WorkerGroup` is a facade over it; the parts that act on it (forming in
+``formation.py``, running cells in ``execution.py``, the monitor, the dispatcher, snapshots, the recovery
+executor) are handed the core when they are built, and use only its public members.
+
+``lock`` guards the state and the slot marks (the monitor marks workers from its own thread). It is not
+held while a cell runs: the one-cell-at-a-time rule is the runner's own (``execution.py``).
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import logging
+import threading
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+
+from ..checkpoint.run_storage import RunStorage
+from ..errors import GroupError
+from .config import GroupConfig
+from .fanout import collect
+from .rank_refresh import RankValues
+from .slots import SlotTable
+from .state import GroupState, SlotState, check_transition
+from .timing import DEFAULT_HEARTBEAT_TIMEOUT_S
+from .types import CellRecord
+
+logger = logging.getLogger(__name__)
+
+#: Reported metrics kept per rank for the dashboard's plot.
+METRICS_HISTORY = 10_000
+
+#: Plain names that differ by rank from the start (more are found as cells run).
+RANK_SPECIFIC = frozenset({"rank", "local_rank", "world_rank", "ctx"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What a group was asked for, fixed for its life (``config`` is the core's: a rescale changes it)."""
+
+    name: str
+    cpus_asked: float  # the config's may be a share of the machine's (placement.share_cpus)
+    start_timeout_s: float
+    placement_timeout_s: Optional[float]
+    num_spares: int
+    address: Optional[str] = None
+    storage_path: Optional[str] = None
+
+
+class GroupCore:
+    """One group's mutable parts: config, state, slots, history, pushed values, carried state and metrics.
+
+    Args:
+        config: the group's configuration (its kind is chosen from it once).
+        settings: the fixed settings.
+        run_storage: where the run's checkpoints live.
+    """
+
+    def __init__(self, config: GroupConfig, settings: Settings, run_storage: RunStorage) -> None:
+        self.config = config
+        self.kind = config.kind  # how it forms, carries state and recovers: chosen once (group/kinds.py)
+        self.settings = settings
+        self.run_storage = run_storage
+        self.lock = threading.RLock()
+        self.state = GroupState.STARTING
+        self.slots = SlotTable()
+        self.history: List[CellRecord] = []
+        self.pushed: Dict[str, Any] = {}  # the latest value pushed under each name (new ranks get them too)
+        self.rank_specific: Set[str] = set(RANK_SPECIFIC)
+        self.background: Optional[Any] = None  # the latest BackgroundRun
+        self.replay_failures: List[str] = []  # setup cells that failed when a new rank replayed them
+        self.rank_values: Optional[RankValues] = None  # what the latest restart or rescale re-evaluated
+        # (rank, state) handed over by a live rank before fresh processes replace every rank (TensorFlow), kept
+        # until they have it: a renewal that failed leaves it for the next restart
+        self.carried: Optional[Tuple[int, bytes]] = None
+        self.heartbeat_s = DEFAULT_HEARTBEAT_TIMEOUT_S
+        self.latest_metrics: Dict[int, Dict[str, Any]] = {}
+        self.metrics_history: Dict[int, Deque[Dict[str, Any]]] = {}
+        self._observers: List[Callable[[GroupState, GroupState], None]] = []
+        self._metric_observers: List[Callable[[Sequence[Dict[str, Any]]], None]] = []
+        self._max_report_index = -1
+        self._cell_seq = 0
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+    @property
+    def backend(self) -> str:
+        return self.kind.torch_backend
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.slots)
+
+    # -- state and observers ---------------------------------------------------------------
+
+    def subscribe(self, callback: Callable[[GroupState, GroupState], None]) -> None:
+        self._observers.append(callback)
+
+    def subscribe_metrics(self, callback: Callable[[Sequence[Dict[str, Any]]], None]) -> None:
+        self._metric_observers.append(callback)
+
+    def transition(self, new: GroupState) -> None:
+        """Change the state, checked against :data:`~.state.TRANSITIONS`, and tell observers.
+
+        Raises:
+            TransitionError: the table does not allow the change.
+        """
+        with self.lock:
+            old = self.state
+            check_transition(old, new)
+            self.state = new
+        if old is not new:
+            self.notify(old)
+
+    def notify(self, old: Optional[GroupState] = None) -> None:
+        """Tell observers the group or a worker changed (``old is new`` for a worker-only change)."""
+        for cb in list(self._observers):
+            try:
+                cb(old or self.state, self.state)
+            except Exception:  # an observer never breaks the group
+                logger.exception("state observer failed")
+
+    def mark_dead(self, actor: Any, cause: str) -> None:
+        """The worker process ``actor`` is gone: its rank turns dead and an idle group failed."""
+        self._mark_gone(actor, SlotState.DEAD, cause)
+
+    def mark_unresponsive(self, actor: Any, silent_s: float) -> None:
+        """``actor`` has not answered a heartbeat for ``silent_s`` seconds."""
+        self._mark_gone(actor, SlotState.UNRESPONSIVE, f"has not answered for {silent_s:.0f} s (stopped, e.g. "
+                                                      "SIGSTOP, or blocked in C code holding the GIL)")
+
+    def _mark_gone(self, actor: Any, state: SlotState, cause: str) -> None:
+        with self.lock:
+            rank = self.slots.rank_of(actor)
+            if rank is None:
+                return
+            slot = self.slots[rank]
+            if slot.state == SlotState.DEAD or (slot.gone and state == SlotState.UNRESPONSIVE):
+                return
+            slot.mark(state, cause)
+            if state == SlotState.DEAD:
+                logger.warning("rank %d (pid %s, node %s) died: %s", rank, slot.info.get("pid"),
+                               slot.info.get("node_ip"), cause)
+            else:
+                logger.warning("rank %d (pid %s) %s", rank, slot.info.get("pid"), cause)
+            if self.state is GroupState.IDLE:
+                self.transition(GroupState.FAILED)
+            else:
+                self.notify()
+
+    def check_not_running(self) -> None:
+        """Raise unless the group can take a command now (not shut down, no cell running)."""
+        if self.state is GroupState.SHUTDOWN:
+            raise GroupError("this group was shut down: start a new one (a new %%distributed cell)")
+        if self.state is GroupState.RUNNING:
+            if self.background is not None and not self.background.done():
+                raise GroupError("a background cell is running: %dist_wait waits for it, %dist_interrupt stops it "
+                                 "(%dist_status, %dist_checkpoint, %dist_pull and %dist_interrupt work meanwhile)")
+            raise GroupError("the group is running a cell: wait for it, or interrupt it")
+
+    def check_usable(self) -> None:
+        """:meth:`check_not_running`, and no rank dead or silent."""
+        self.check_not_running()
+        dead = self.slots.gone_ranks()
+        if dead:
+            raise GroupError(
+                f"rank(s) {', '.join(map(str, dead))} are dead or not responding: %dist_restart (group.restart()) "
+                "replaces them, %dist_rescale N (group.rescale(n)) continues without them"
+            )
+
+    # -- asking the ranks --------------------------------------------------------------------
+
+    def collect(self, refs: List[Any], timeout: float, what: str) -> List[Any]:
+        """Every rank's answer to ``refs`` (one call per slot of the group, in rank order, or of the workers
+        being started) within ``timeout`` (saying what it waits for after 5 s).
+
+        Raises:
+            WorkerDiedError: a worker died (naming its rank, pid, node and Ray's cause).
+            GroupError: a rank did not answer in time, or raised; one line naming what.
+        """
+        return collect(refs, timeout, f"the workers to {what} the group", self.slots,
+                       hint="raise start_timeout_s or check `ray status`")
+
+    @contextlib.contextmanager
+    def driver_cell(self, targets: List[int]) -> Iterator[List[Any]]:
+        """Yields per target the framework backend's spec for this cell (its collective), or None each."""
+        local = len({s.info.get("node_id") for s in self.slots}) == 1
+        with self.kind.driver_cell(list(self.slots), targets, local) as specs:
+            yield specs
+
+    def next_cell_id(self) -> int:
+        self._cell_seq += 1
+        return self._cell_seq
+
+    # -- metrics -------------------------------------------------------------------------------
+
+    def record_metrics(self, records: Sequence[Dict[str, Any]]) -> None:
+        """Keep reported metrics per rank: the latest and a capped history; log and commit checkpoints."""
+        for rec in records:
+            name = rec.get("report")
+            if name:
+                self._max_report_index = max(self._max_report_index, int(name.rsplit("_", 1)[1]))
+        if records:
+            self.run_storage.on_records(records, self.num_workers)
+        for rec in records:
+            rank = rec["rank"]
+            self.latest_metrics[rank] = rec["metrics"]
+            self.metrics_history.setdefault(rank, collections.deque(maxlen=METRICS_HISTORY)).append(rec)
+        for cb in list(self._metric_observers):
+            try:
+                cb(records)
+            except Exception:
+                logger.exception("metrics observer failed")
+
+    def reports_seen(self, base: int) -> int:
+        """How many reports the last cell made (numbered from ``base``), from what reached the driver."""
+        return self._max_report_index - base + 1 if self._max_report_index >= base else 0
