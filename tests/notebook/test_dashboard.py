@@ -71,6 +71,7 @@ def test_one_row_per_rank_with_worker_facts_and_idle_buttons(group, dash):
 def test_reports_move_the_bars_and_fill_the_plot(group, dash):
     renders = dash.renders
     group.run(TRAIN.format(n=20, total=", total=20", pause=0.01), sink=CollectSink())
+    dash.flush()  # the timer thread does this within 100 ms
     for rank in (0, 1):
         row = dash.rows[rank]
         assert (row.bar.value, row.bar.max, row.done.value) == (20, 20, "20/20")
@@ -83,6 +84,7 @@ def test_reports_move_the_bars_and_fill_the_plot(group, dash):
 def test_steps_flag_sets_the_total_when_reports_do_not(group, dash):
     dash.model.expect_steps(40)
     group.run(TRAIN.format(n=10, total="", pause=0), sink=CollectSink())
+    dash.flush()
     assert (dash.rows[0].bar.value, dash.rows[0].bar.max, dash.rows[0].done.value) == (10, 40, "10/40")
 
 
@@ -108,6 +110,7 @@ def test_checkpoint_button_lists_it_and_rollback_restores_parameters(group, dash
     saved = params(group)
     group.run(TRAIN.format(n=5, total="", pause=0), sink=CollectSink())
     assert not same_state(saved, params(group))
+    dash.flush()
     assert not dash.buttons["rollback"].disabled
     dash.buttons["rollback"].click()
     assert f"rolled back to {name}" in dash.status.value, dash.status.value
@@ -117,6 +120,7 @@ def test_checkpoint_button_lists_it_and_rollback_restores_parameters(group, dash
 def test_background_cell_checkpoint_mid_cell_then_interrupt(group, dash):
     bg = group.run(TRAIN.format(n=100000, total="", pause=0.01), sink=CollectSink(), background=True)
     wait_for(lambda: ">running<" in dash.rows[1].state.value and dash.rows[1].bar.value > 0, 60, "running rows")
+    dash.flush()  # the title and the buttons, to be sure the timer's flush that moved the rows finished
     assert "background cell running" in dash.title.value
     b = dash.buttons
     assert not b["checkpoint"].disabled and not b["interrupt"].disabled
@@ -147,6 +151,7 @@ def test_killed_worker_turns_red_and_restart_turns_it_green(group, dash):
     os.kill(victim.pid, signal.SIGKILL)
     row = dash.rows[1]
     wait_for(lambda: "rtnb-state-dead" in row.box._dom_classes, 60, "rank 1's row to turn red")
+    dash.flush()
     assert "died" in row.metrics.value or "killed" in row.metrics.value, row.metrics.value
     assert row.bar.bar_style == "danger" and row.box.layout.border_left.startswith("4px solid #c62828")
     b = dash.buttons

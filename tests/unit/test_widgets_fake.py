@@ -1,6 +1,8 @@
 """Dashboard widget rules on a stand-in group: results and errors in the status line, refusals."""
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from raytrain_nb import GroupState
@@ -25,11 +27,13 @@ def test_rows_badges_and_tooltips_follow_the_group(dash):
     assert dash.buttons["restart"].disabled and dash.buttons["restart"].tooltip == "no dead worker: every rank is alive"
     g.workers[1].error = "the process was killed (SIGKILL)"
     g.set_state(GroupState.FAILED, r1="dead")
+    dash.flush()  # the timer thread does this within 100 ms
     row = dash.rows[1]
     assert "rtnb-state-dead" in row.box._dom_classes and "SIGKILL" in row.metrics.value
     assert row.box.layout.border_left.startswith("4px solid #c62828")
     assert not dash.buttons["restart"].disabled
     g.report(1, {"step": 5, "loss": 1.0}, t=1.0)  # a late record does not clear the red row
+    dash.flush()
     assert "rtnb-state-dead" in row.box._dom_classes and "SIGKILL" in row.metrics.value
 
 
@@ -38,28 +42,21 @@ def test_a_button_shows_its_result_and_a_refused_click_says_why(dash):
     dash.buttons["restart"].click()  # disabled: nothing is called
     assert g.calls == [] and "Restart dead workers cannot act now: no dead worker" in dash.status.value
     g.set_state(GroupState.FAILED, r1="dead")
-    dash.buttons["restart"].click()
+    dash.buttons["restart"].click()  # a click sees the group as it is now, not as last shown
     assert g.calls == ["restart"] and "restarted rank(s) 1" in dash.status.value
 
 
 def test_an_error_is_shown_in_the_widget_with_its_message(dash):
     g = dash.group
     g.fail["interrupt"] = GroupError("the workers did not answer within 5 s\nsecond line")
-    g.set_state(GroupState.RUNNING, r0="running", r1="running")  # from another thread in real life
-    dash._foreground = False
-    dash._update_buttons()
+    background = threading.Thread(target=g.set_state, args=(GroupState.RUNNING,),
+                                  kwargs={"r0": "running", "r1": "running"})
+    background.start()  # a --background cell: the state changes on another thread
+    background.join(10)
+    assert not background.is_alive(), "set_state on another thread did not return within 10 s"
     dash.buttons["interrupt"].click()
     assert "Interrupt failed: the workers did not answer within 5 s" in dash.status.value
     assert "second line" not in dash.status.value and "#c62828" in dash.status.value
-
-
-def test_a_foreground_cell_turns_every_button_off_with_the_reason(dash):
-    g = dash.group
-    g.set_state(GroupState.RUNNING, r0="running", r1="running")  # this (the UI) thread: a foreground cell
-    assert all(b.disabled and "foreground" in b.tooltip for b in dash.buttons.values())
-    assert "foreground cell running" in dash.title.value
-    g.set_state(GroupState.IDLE, r0="idle", r1="idle")
-    assert not dash.buttons["checkpoint"].disabled
 
 
 def test_shutdown_closes_the_dashboard(dash):

@@ -9,7 +9,7 @@ Button  -> method (magic): Checkpoint -> ``checkpoint()`` (``%dist_checkpoint``)
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 from .model import format_metrics, n_workers
 
@@ -60,3 +60,18 @@ def entry_label(e: Any) -> str:
         parts.append(metrics)
     parts.append(time.strftime("%H:%M:%S", time.localtime(e.time)))
     return " · ".join(parts)
+
+
+def show_entries(select: Any, entries: List[Any]) -> None:
+    """Show ``entries`` in the ``Select`` ``select``, newest first; keep its selection, else select the newest."""
+    options = [(entry_label(e), e.name) for e in reversed(entries)]
+    if list(select.options) == options:
+        return
+    current = select.value
+    names = [n for _, n in options]
+    known = {n for _, n in select.options}
+    if any(n not in known for n in names) or current not in names:
+        current = names[0] if names else None  # a new checkpoint: select it
+    with select.hold_sync():
+        select.options = options
+        select.value = current

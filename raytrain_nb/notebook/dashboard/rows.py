@@ -1,4 +1,4 @@
-"""One dashboard row per rank: rank, node, pid, device, state badge, progress bar, steps/s, metrics.
+"""The dashboard's table: one row per rank: rank, node, pid, device, state badge, progress bar, steps/s, metrics.
 
 A dead (or unresponsive) worker's row turns red, with the cause in place of its metrics, and
 stays so until the worker is replaced: nothing but a new worker state clears it. Rows carry CSS
@@ -7,13 +7,13 @@ classes (``rtnb-rank-N``, ``rtnb-state-STATE``) so a browser test can find them.
 from __future__ import annotations
 
 import html
-import time
-from typing import List
+from typing import Dict, Iterable, List, Optional
 
 import ipywidgets as w
 
 from ..view_helpers import row_cell, state_badge
 from .model import GONE, STATE_COLOURS, RankView, format_metrics
+from .sync import assign
 
 #: (column, width) of each cell of a row.
 COLUMNS = (("rank", "44px"), ("node", "110px"), ("pid", "64px"), ("device", "58px"), ("state", "104px"),
@@ -59,49 +59,78 @@ class RowWidgets:
         self.box.add_class("rtnb-row")
         self.box.add_class(f"rtnb-rank-{rank}")
         self._state = ""
-        self._texts_at = 0.0
+        self._texts_at = float("-inf")
 
-    def update(self, view: RankView, full: bool = True) -> None:
-        """Show ``view``; only the traits that changed are sent to the front end.
+    def update(self, view: RankView, now: float, full: bool = True) -> bool:
+        """Show ``view``; only the traits whose value differs are sent to the front end.
 
-        With ``full=False`` (a report, not a change of worker) only the progress bar moves, and
-        the text cells follow at most every ``TEXT_INTERVAL_S``: each cell update is a message to
-        the front end and CPU on the training machine.
+        With ``full=False`` (reports, not a change of worker) the text cells follow at most every
+        ``TEXT_INTERVAL_S`` (``now`` on the dashboard's clock): each cell update is a message to the
+        front end and CPU on the training machine.
+
+        Returns:
+            True when text cells were held back (a later update is to show them).
         """
         value, maximum, text = view.progress()
-        with self.bar.hold_sync():
-            if self.bar.max != maximum:
-                self.bar.value = min(self.bar.value, maximum)
-                self.bar.max = maximum
-            self.bar.value = value
-            self.bar.bar_style = BAR_STYLES.get(view.state, "") if view.total or view.state in GONE else "info"
-        now = time.monotonic()
+        style = BAR_STYLES.get(view.state, "") if view.total or view.state in GONE else "info"
+        if maximum < self.bar.value:  # the value first: it must stay within the new maximum
+            assign(self.bar, value=value, max=maximum, bar_style=style)
+        else:
+            assign(self.bar, max=maximum, value=value, bar_style=style)
         if not full and now - self._texts_at < TEXT_INTERVAL_S:
-            return
+            return True
         self._texts_at = now
-        self.node.value = html.escape(view.node)
-        self.pid.value = str(view.pid or "")
-        self.device.value = html.escape(view.device)
+        assign(self.node, value=html.escape(view.node))
+        assign(self.pid, value=str(view.pid or ""))
+        assign(self.device, value=html.escape(view.device))
         if view.state != self._state:
             self._restyle(view.state)
-        self.done.value = text
-        self.rate.value = view.rate_text()
+        assign(self.done, value=text)
+        assign(self.rate, value=view.rate_text())
         if view.state in GONE or (view.state == "failed" and view.error):
             cause = view.error or "the worker process is gone"
-            self.metrics.value = (f'<span style="color:#c62828;{ONE_LINE}" title="{html.escape(cause)}">'
-                                  f'{html.escape(cause)}</span>')
+            metrics = (f'<span style="color:#c62828;{ONE_LINE}" title="{html.escape(cause)}">'
+                       f'{html.escape(cause)}</span>')
         else:
-            full = format_metrics(view.metrics, limit=10_000)
-            self.metrics.value = (f'<span style="{ONE_LINE}" title="{html.escape(full)}">'
-                                  f'{html.escape(format_metrics(view.metrics))}</span>')
+            every = format_metrics(view.metrics, limit=10_000)
+            metrics = (f'<span style="{ONE_LINE}" title="{html.escape(every)}">'
+                       f'{html.escape(format_metrics(view.metrics))}</span>')
+        assign(self.metrics, value=metrics)
+        return False
 
     def _restyle(self, state: str) -> None:
-        if self._state:
-            self.box.remove_class(f"rtnb-state-{self._state}")
-        self.box.add_class(f"rtnb-state-{state}")
+        with self.box.hold_sync():  # both classes in one message
+            if self._state:
+                self.box.remove_class(f"rtnb-state-{self._state}")
+            self.box.add_class(f"rtnb-state-{state}")
         self._state = state
-        self.state.value = state_badge(state, STATE_COLOURS)
+        assign(self.state, value=state_badge(state, STATE_COLOURS))
         gone = state in GONE
         for cell in self.cells:
-            cell.style.background = DEAD_BACKGROUND if gone else None
-        self.box.layout.border_left = "4px solid #c62828" if gone else "4px solid transparent"
+            assign(cell.style, background=DEAD_BACKGROUND if gone else None)
+        assign(self.box.layout, border_left="4px solid #c62828" if gone else "4px solid transparent")
+
+
+class RowTable:
+    """The header and one :class:`RowWidgets` per rank, in rank order (``box``)."""
+
+    def __init__(self) -> None:
+        self.rows: Dict[int, RowWidgets] = {}
+        self.box = w.VBox([header_row()])
+        self.box.add_class("rtnb-rows")
+
+    def show(self, views: Dict[int, RankView], reported: Optional[Iterable[int]], now: float) -> List[int]:
+        """Show ``views`` (a row per rank): every row in full, or with ``reported`` only those ranks' reports.
+
+        Returns:
+            The ranks whose text cells were held back (a later call is to show them).
+        """
+        order = sorted(views)
+        if order != sorted(self.rows):
+            for rank in set(self.rows) - set(order):
+                del self.rows[rank]
+            for rank in order:
+                self.rows.setdefault(rank, RowWidgets(rank))
+            self.box.children = [header_row()] + [self.rows[r].box for r in order]
+        shown = order if reported is None else [r for r in reported if r in views]
+        return [r for r in shown if self.rows[r].update(views[r], now, full=reported is None)]

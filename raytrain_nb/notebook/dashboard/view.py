@@ -1,32 +1,32 @@
 """The dashboard: per-rank progress, a live metrics plot, the checkpoint list and recovery buttons.
 
-Stock ipywidgets and matplotlib only. The dashboard subscribes to the group's observers
-(state changes and reported metrics); rows and progress bars update as records arrive (trait
-updates, safe from any thread), the plot is rendered to PNG on a timer thread at most every
-``plot_interval_s`` and only when something changed. Each button calls one public
-:class:`~raytrain_nb.WorkerGroup` method, the one its magic calls, and shows the result or the
-error in the dashboard's status line.
-
-Clicks while the kernel is busy: see :mod:`.clicks`. During a foreground ``%%distributed`` cell
-the buttons are disabled (their tooltip says why); during a ``--background`` cell they work.
+Stock ipywidgets and matplotlib only. The group's observers run on the cell's path: they only update
+the plain-data model and record what changed (:mod:`.sync`); a timer thread brings the widgets in line
+at most every 100 ms, sending only traits whose value changed (a no-op ``%%distributed`` cell sends no
+widget message), and renders the plot to PNG at most every ``plot_interval_s`` when it changed. Each
+button calls the public :class:`~raytrain_nb.WorkerGroup` method its magic calls and shows the result
+or the error in the status line. Clicks while the kernel is busy: see :mod:`.clicks`; during a
+foreground ``%%distributed`` cell the buttons are disabled (the tooltip says why) once it ran 100 ms.
 """
 from __future__ import annotations
 
+import copy
 import html
 import logging
 import threading
 import time
 import weakref
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import ipywidgets as w
 
 from ..routing import current_parent
 from ..view_helpers import state_badge
-from .actions import ICONS, LABELS, STYLES, act, entry_label
+from .actions import ICONS, LABELS, STYLES, act, show_entries
 from .clicks import click_guard
 from .model import BUTTONS, GONE, STATE_COLOURS, DashboardModel, Situation, button_states, n_workers
-from .rows import RowWidgets, header_row
+from .rows import RowTable, RowWidgets
+from .sync import FLUSH_INTERVAL_S, Pending, assign
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,9 @@ class Dashboard:
         group: the group to show and control.
         plot_interval_s: the plot is re-rendered at most this often (and only when it changed).
         max_points: points kept per rank (older ones are thinned beyond that).
+        flush_interval_s: the widgets are updated at most this often (:mod:`.sync`).
+        clock: monotonic seconds (tests pass their own); timer: whether a thread updates the widgets
+            (without it, :meth:`tick` does).
 
     Attributes:
         buttons: ``{"checkpoint"|"rollback"|"restart"|"rescale"|"interrupt"|"shutdown": Button}``.
@@ -62,40 +65,45 @@ class Dashboard:
         checkpoint_list: the ``Select`` of the run's checkpoints.
     """
 
-    def __init__(self, group: Any, *, plot_interval_s: float = 1.0, max_points: int = 4000) -> None:
+    def __init__(self, group: Any, *, plot_interval_s: float = 1.0, max_points: int = 4000,
+                 flush_interval_s: float = FLUSH_INTERVAL_S, clock: Callable[[], float] = time.monotonic,
+                 timer: bool = True) -> None:
         self.group = group
         self.model = DashboardModel(max_points=max_points)
         self.plot_interval_s = plot_interval_s
         self.closed = False
         self.guard = click_guard()
+        self.flushes = 0  # widget updates made (each sends only what changed)
+        self.renders = 0
         self._ui_thread = threading.current_thread()  # the thread that handles clicks (the kernel's)
-        self._lock = threading.RLock()
+        self._clock = clock
+        self._pending = Pending(flush_interval_s, clock=clock)
+        self._lock = threading.RLock()  # one flush at a time; never taken by the observers
         self._foreground = False
         self._action: Optional[str] = None
         self._entries: List[Any] = []
-        self._wake = threading.Event()
         self._stopped = threading.Event()
         self._states: Dict[str, Any] = {}
-        self._want_checkpoints = True
         self._plotted = (-1, None, None, None)
+        self._rendered_at = float("-inf")
         self._plot: Any = None
-        self.renders = 0
         self._build()
         group.subscribe(self._on_state)
         group.subscribe_metrics(self._on_metrics)
-        self._sync_workers()
-        self.refresh_checkpoints()
+        self.flush()
         self._hook_cells()
-        self._thread = threading.Thread(target=self._loop, name="rtnb-dashboard", daemon=True)
-        self._thread.start()
+        self._thread: Optional[threading.Thread] = None
+        if timer:
+            self._thread = threading.Thread(target=self._loop, name="rtnb-dashboard", daemon=True)
+            self._thread.start()
 
     # -- building ------------------------------------------------------------------------------
 
     def _build(self) -> None:
         self.title = w.HTML()
-        self.rows: Dict[int, RowWidgets] = {}
-        self.rows_box = w.VBox([header_row()])
-        self.rows_box.add_class("rtnb-rows")
+        self.table = RowTable()
+        self.rows: Dict[int, RowWidgets] = self.table.rows
+        self.rows_box = self.table.box
         self.image = w.Image(format="png", layout=w.Layout(width="648px", height="234px"))
         self.image.add_class("rtnb-plot")
         self.metric = w.Dropdown(options=[], description="metric", layout=w.Layout(width="210px"))
@@ -144,55 +152,80 @@ class Dashboard:
             return
         shell = get_ipython()
         if shell is not None:
-            self._post_cell = lambda *_: self._poke(checkpoints=True)
+            self._post_cell = lambda *_: self._pending.mark(checkpoints=True)
             shell.events.register("post_run_cell", self._post_cell)
 
-    # -- observers (any thread) ----------------------------------------------------------------
+    # -- observers (any thread, on the cell's path: they record, the timer shows) ----------------
 
     def _on_state(self, old: Any, new: Any) -> None:
         if self.closed:
             return
-        value = new.value
+        value, busy = new.value, ("running", "recovering")
         if value == "running" and old.value != "running":
             self.model.begin_cell()
-        with self._lock:
-            if threading.current_thread() is self._ui_thread:
-                self._foreground = value in ("running", "recovering")
-            elif value not in ("running", "recovering"):
-                self._foreground = False
-        self._sync_workers()
+        if threading.current_thread() is self._ui_thread:
+            self._foreground = value in busy
+        elif value not in busy:
+            self._foreground = False
+        cell = (value in busy) if (value in busy) != (old.value in busy) else None
+        self._pending.mark(workers=True, checkpoints=value in ("idle", "failed"), cell=cell)
         if value == "shut down":
             self._say("the group was shut down: a new %%distributed cell starts another")
             self.close()
-        elif value in ("idle", "failed"):
-            self._poke(checkpoints=True)
 
-    def _on_metrics(self, records: Any) -> None:
+    def _on_metrics(self, records: Sequence[Dict[str, Any]]) -> None:
         if self.closed:
             return
         changed = self.model.add_records(records)
-        with self._lock:
-            for rank in changed:
-                row = self.rows.get(rank)
-                if row is not None:
-                    row.update(self.model.rows[rank], full=False)
-        self._poke(checkpoints=any(r.get("checkpoint") for r in records))
+        self._pending.mark(ranks=changed, checkpoints=any(r.get("checkpoint") for r in records))
 
-    def _sync_workers(self) -> None:
-        """Rows from the group's own account of its workers (no pinging)."""
-        self.model.set_workers(self.group.status(ping=False))
+    # -- bringing the widgets in line (the timer thread; flush() on demand) ------------------------
+
+    def flush(self) -> None:
+        """Show the group as it is now: rows, title, checkpoints, buttons (only traits that differ are sent).
+
+        The timer thread does this by itself within ~100 ms of a change; a click, :meth:`close` and
+        tests call it to be sure.
+        """
+        self._flush(everything=True)
+
+    def tick(self) -> bool:
+        """The timer's step: flush when :class:`~.sync.Pending` says it is due, render the plot when due.
+
+        Returns:
+            Whether the widgets were flushed.
+        """
+        due = self._pending.due()
+        flushed = due is not None and due <= self._clock() and self._flush(everything=False)
+        plot_due = self._plot_due()
+        if plot_due is not None and plot_due <= self._clock():
+            self._render()
+        return flushed
+
+    def _flush(self, everything: bool, checkpoints: bool = True) -> bool:
         with self._lock:
-            ranks = sorted(self.model.rows)
-            if ranks != sorted(self.rows):
-                for rank in set(self.rows) - set(ranks):
-                    del self.rows[rank]
-                for rank in ranks:
-                    self.rows.setdefault(rank, RowWidgets(rank))
-                self.rows_box.children = [header_row()] + [self.rows[r].box for r in ranks]
-            for rank in ranks:
-                self.rows[rank].update(self.model.rows[rank])
+            seq, changes = self._pending.peek()
+            entries = self._read_checkpoints() if checkpoints and (everything or changes.checkpoints) else None
+            statuses = self.group.status(ping=False) if everything or changes.workers else None
+            if not self._pending.clear(seq) and not everything and self._pending.holding():
+                return False  # a cell started while this read: it shows once it ran 100 ms
+            if entries is not None:
+                self._show_checkpoints(entries)
+            held = self._show_rows(statuses, changes.ranks)
             self._update_title()
             self._update_buttons()
+            if held:  # text cells held back by their throttle catch up at a later flush
+                self._pending.mark(ranks=held)
+            self.flushes += 1
+            return True
+
+    def _show_rows(self, statuses: Optional[Sequence[Any]], ranks: Any) -> List[int]:
+        """Rows from the group's own account of its workers (no pinging) and the model; ranks held back."""
+        if statuses is not None:
+            self.model.set_workers(statuses)
+        with self.model.lock:
+            views = {r: copy.copy(v) for r, v in self.model.rows.items()}
+        return self.table.show(views, None if statuses is not None else ranks, self._clock())
 
     # -- the header and buttons ----------------------------------------------------------------
 
@@ -216,10 +249,7 @@ class Dashboard:
             if self._action is not None:
                 states = {b: (False, f"{LABELS[self._action]} is in progress") for b in BUTTONS}
             for name, (enabled, why) in states.items():
-                btn = self.buttons[name]
-                with btn.hold_sync():
-                    btn.disabled = not enabled
-                    btn.tooltip = why
+                assign(self.buttons[name], disabled=not enabled, tooltip=why)
             self._states = states
 
     def _update_title(self) -> None:
@@ -227,8 +257,8 @@ class Dashboard:
         where = ""
         if g.state.value in ("running", "recovering"):
             where = " · foreground cell running" if self._foreground else " · background cell running"
-        self.title.value = (f"<b>raytrain_nb</b> · {html.escape(g.name)} · {n_workers(g.num_workers)} · "
-                            f"{html.escape(str(g.backend))} · {state_badge(g.state.value, STATE_COLOURS)}{where}")
+        assign(self.title, value=f"<b>raytrain_nb</b> · {html.escape(g.name)} · {n_workers(g.num_workers)} · "
+                                 f"{html.escape(str(g.backend))} · {state_badge(g.state.value, STATE_COLOURS)}{where}")
 
     def _say(self, text: str, error: bool = False) -> None:
         colour = "#c62828" if error else "#333"
@@ -254,13 +284,14 @@ class Dashboard:
                       "after the cell): click again now", error=True)
             return
         self.guard.sample(msg)
+        self.flush()  # the buttons as of now, not as of the last timer flush
         enabled, why = self._states.get(name, (False, "the dashboard is starting"))
         if not enabled:
             self._say(f"{label} cannot act now: {why}", error=True)
             return
         with self.guard.busy():
             self._action = name
-            self._update_buttons()
+            self.flush()
             self._say(f"{label}: working…")
             try:
                 text = self._act(name)
@@ -272,68 +303,59 @@ class Dashboard:
                 self._say(text)
             finally:
                 self._action = None
-        if self.closed:
-            self._update_buttons()
-        else:
-            self.refresh_checkpoints()
-            self._sync_workers()
+        self.flush()
 
     def _act(self, name: str) -> str:
         return act(self.group, name, checkpoint=self.checkpoint_list.value, workers=int(self.rescale_to.value))
 
-    # -- checkpoints and the plot (timer thread) -----------------------------------------------------
+    # -- checkpoints and the plot ---------------------------------------------------------------
 
     def refresh_checkpoints(self) -> None:
         """Re-read the run's checkpoints into the list, keeping the selection (else the newest)."""
+        with self._lock:
+            entries = self._read_checkpoints()
+            if entries is not None:
+                self._show_checkpoints(entries)
+                self._update_buttons()
+
+    def _read_checkpoints(self) -> Optional[List[Any]]:
         try:
-            entries = self.group.checkpoints()
+            return list(self.group.checkpoints())
         except Exception as exc:  # noqa: BLE001 - e.g. storage gone; say so in the widget
             self._say(f"cannot list the checkpoints: {exc}", error=True)
-            return
-        with self._lock:
-            self._entries = list(entries)
-            options = [(entry_label(e), e.name) for e in reversed(self._entries)]
-            current = self.checkpoint_list.value
-            names = [n for _, n in options]
-            known = {n for _, n in self.checkpoint_list.options}
-            if list(self.checkpoint_list.options) != options:
-                if any(n not in known for n in names) or current not in names:
-                    current = names[0] if names else None  # a new checkpoint: select it (newest first)
-                with self.checkpoint_list.hold_sync():
-                    self.checkpoint_list.options = options
-                    self.checkpoint_list.value = current
-            self._update_buttons()
+            return None
 
-    def _poke(self, checkpoints: bool = False) -> None:
-        if checkpoints:
-            self._want_checkpoints = True
-        self._wake.set()
+    def _show_checkpoints(self, entries: List[Any]) -> None:
+        if entries != self._entries:
+            self._entries = entries
+            show_entries(self.checkpoint_list, entries)
+
+    def _poke(self) -> None:
+        self._pending.wake.set()
 
     def _loop(self) -> None:
-        """Re-list checkpoints when asked; re-render the plot when it changed, at most every interval."""
-        last = 0.0
-        while not self.closed:
-            self._wake.wait(self.plot_interval_s)
-            self._wake.clear()
-            rest = last + self.plot_interval_s - time.monotonic()
-            if rest > 0 and self._stopped.wait(rest):
-                break
-            if self.closed:
+        """The timer thread: waits for a change (or the next flush or render due), then :meth:`tick`."""
+        while not self._stopped.is_set():
+            now = self._clock()
+            due = [t - now for t in (self._pending.due(), self._plot_due()) if t is not None]
+            # waits for a recorded change, or until the earliest flush or render is due (re-checks every 1 s)
+            self._pending.wake.wait(max(0.0, min(due + [1.0])))
+            self._pending.wake.clear()
+            if self._stopped.is_set():
                 break
             try:
-                if self._want_checkpoints:
-                    self._want_checkpoints = False
-                    self.refresh_checkpoints()
-                with self._lock:  # text cells held back by the throttle catch up
-                    for rank, row in list(self.rows.items()):
-                        if rank in self.model.rows:
-                            row.update(self.model.rows[rank], full=False)
-                if self._render_if_changed():
-                    last = time.monotonic()
+                self.tick()
             except Exception:  # noqa: BLE001 - the timer must go on
                 logger.exception("dashboard update failed")
 
-    def _render_if_changed(self) -> bool:
+    def _plot_due(self) -> Optional[float]:
+        """When the plot is to be re-rendered (it changed, or was never drawn), or None."""
+        if self.renders and self._plotted == (self.model.version, self.metric.value, self.mode.value, self.log.value):
+            return None
+        return self._rendered_at + self.plot_interval_s
+
+    def _render(self) -> None:
+        self._rendered_at = self._clock()  # first: a render that fails is not retried at once
         keys = list(self.model.metric_keys)
         if list(self.metric.options) != keys:
             with self.metric.hold_sync():
@@ -341,24 +363,21 @@ class Dashboard:
                 self.metric.options = keys
                 self.metric.value = current if current in keys else self.model.default_metric()
         key = (self.model.version, self.metric.value, self.mode.value, self.log.value)
-        if key == self._plotted and self.renders:
-            return False
         if self._plot is None:
             from .plot import MetricsPlot  # matplotlib: only once the plot is first drawn
 
             self._plot = MetricsPlot()
         lines = self.model.lines(self.metric.value, mean=self.mode.value == "mean")
-        self.image.value = self._plot.render(lines, self.metric.value, log=self.log.value)
+        assign(self.image, value=self._plot.render(lines, self.metric.value, log=self.log.value))
         self._plotted = key
         self.renders += 1
-        return True
 
     def close(self) -> None:
         """Stop updating (the group was shut down, or the dashboard is no longer wanted)."""
         self.closed = True
         self._stopped.set()
-        self._wake.set()
-        self._update_buttons()
+        self._pending.wake.set()
+        self._flush(everything=True, checkpoints=False)  # the last look: rows, title, every button off
         shell_hook = getattr(self, "_post_cell", None)
         if shell_hook is not None:
             from IPython import get_ipython  # IPython: only inside a kernel
@@ -369,4 +388,3 @@ class Dashboard:
                     shell.events.unregister("post_run_cell", shell_hook)
                 except ValueError:
                     pass
-
