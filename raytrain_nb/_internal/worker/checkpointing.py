@@ -108,12 +108,16 @@ class CheckpointingWorker:
         with self._snap_lock:
             self._snap_request = None
 
-    def _on_report(self, record: Dict[str, Any]) -> None:
-        name = record.get("report")
-        index = reported.report_index(name) if name else None
-        if index is not None and self._ledger is not None:
-            self._ledger.add(index)  # survives this process: evidence that this rank reported
-        self._take_requested()
+    def _on_report(self, index: int) -> None:
+        """After the ``index``-th report of the running cell is queued, before ``report()`` returns.
+
+        The ledger's append is the evidence that this rank reached that report index: it is written
+        here, on the caller's thread, so a SIGKILL right after ``report()`` returned cannot lose it.
+        """
+        if self._ledger is not None:
+            self._ledger.add(self._report_base + index)  # survives this process: evidence that it reported
+        if self._snap_request is not None:  # unlocked look first: set under the lock, seen at this report or the next
+            self._take_requested()
 
     def _take_requested(self) -> None:
         with self._snap_lock:

@@ -5,10 +5,11 @@ cell or in a trainer's loop). They never import torch.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Deque, Dict, List, Optional
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +51,10 @@ class TrainContext:
         return self.experiment_name
 
 
+#: Metric types kept as they are without a look for ``.item`` (exact types: a subclass takes the slow path).
+_PLAIN_TYPES = frozenset((float, int, bool, str, type(None)))
+
+
 def _plain(value: Any) -> Any:
     """A reported value as a plain Python number where it is a 1-element tensor/array."""
     item = getattr(value, "item", None)
@@ -61,55 +66,70 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def plain_metrics(metrics: Dict[str, Any]) -> Dict[str, Any]:
+    """``metrics`` with string keys and plain values (:func:`_plain`); plain numbers skip the look-up."""
+    out: Dict[str, Any] = {}
+    for key, value in metrics.items():
+        out[key if type(key) is str else str(key)] = value if type(value) in _PLAIN_TYPES else _plain(value)
+    return out
+
+
 class WorkerSession:
-    """Per-process state the worker-side API reads; set up by the worker actor."""
+    """Per-process state the worker-side API reads; set up by the worker actor.
+
+    ``report()`` is on the training step's path: it queues one record under a short lock and calls
+    the worker's hooks, nothing that waits (the driver drains the queue on its poll).
+    """
 
     def __init__(self, context: TrainContext, history: int = 10_000) -> None:
         self.context = context
         self._lock = threading.Lock()
-        self._pending: List[Dict[str, Any]] = []
+        self._pending: Deque[Dict[str, Any]] = collections.deque(maxlen=history)  # full: the oldest goes
         self._seq = 0
-        self.history = history
         self.reports_this_cell = 0
-        self.on_report: Optional[Callable[[Dict[str, Any]], None]] = None
-        #: set by the worker: ``upload(index, checkpoint) -> name`` and ``latest() -> Checkpoint|None``
+        #: set by the worker: ``on_report(index)`` after the ``index``-th report of the cell is queued
+        #: (it records the report where a crash leaves it, before ``report`` returns)
+        self.on_report: Optional[Callable[[int], None]] = None
+        #: set by the worker: ``upload(index, checkpoint, metrics)``, ``report_name(index) -> name`` and
+        #: ``latest() -> Checkpoint|None``
         self.upload: Optional[Callable[[int, Any, Dict[str, Any]], None]] = None
         self.report_name: Optional[Callable[[int], str]] = None
         self.latest: Optional[Callable[[], Any]] = None
 
+    @property
+    def history(self) -> int:
+        """How many records wait for the driver at most (the newest are kept)."""
+        return self._pending.maxlen or 0
+
     def report(self, metrics: Dict[str, Any], total: Optional[int] = None, checkpoint: Any = None) -> None:
+        """Queue one report record for the driver (uploading ``checkpoint`` first), then call ``on_report``."""
         if not isinstance(metrics, dict):
             raise TypeError(f"report() takes a dict of metrics, got {type(metrics).__name__}: "
                             "call report({'loss': loss}) ")
-        record = {
-            "rank": self.context.world_rank,
-            "time": time.time(),
-            "metrics": {str(k): _plain(v) for k, v in metrics.items()},
-        }
+        index = self.reports_this_cell
+        record = {"rank": self.context.world_rank, "time": time.time(), "metrics": plain_metrics(metrics)}
         if total is not None:
             record["total"] = int(total)
         if self.report_name is not None:
-            record["report"] = self.report_name(self.reports_this_cell)
+            record["report"] = self.report_name(index)
         if checkpoint is not None:
             if self.upload is None:
                 raise RuntimeError("report(checkpoint=...) needs a run directory: this worker has no storage")
-            self.upload(self.reports_this_cell, checkpoint, record["metrics"])
+            self.upload(index, checkpoint, record["metrics"])
             record["checkpoint"] = True
         with self._lock:
             self._seq += 1
             record["seq"] = self._seq
-            if len(self._pending) < self.history:
-                self._pending.append(record)
-            else:  # the driver is not draining: keep the newest
-                self._pending.pop(0)
-                self._pending.append(record)
+            self._pending.append(record)
             self.reports_this_cell += 1
         if self.on_report is not None:
-            self.on_report(record)
+            self.on_report(index)
 
     def drain(self) -> List[Dict[str, Any]]:
+        """The records queued since the last drain, oldest first."""
         with self._lock:
-            out, self._pending = self._pending, []
+            out = list(self._pending)
+            self._pending.clear()
             return out
 
 
