@@ -154,6 +154,91 @@ def _report_cost(calls: int = 5000) -> float:
     return (_time.perf_counter() - t0) / calls
 
 
+AB_BLOCKS = 20
+AB_CALLS = 1000
+
+
+def _report_ab(blocks: int = AB_BLOCKS, calls: int = AB_CALLS) -> Dict[str, List[float]]:
+    """(Worker side) us per ``raytrain_nb.report({...})`` call in blocks of ``calls``, the variants alternating
+    (their order rotating) on this worker's session, only its ``on_report`` hook swapped:
+
+    - ``ledger``: the worker's own hook (as shipped: the ledger's append, then the snapshot check);
+    - ``pre-ledger``: what the hook did before the ledger was added: the snapshot check under its lock;
+    - ``ledger, os.write``: the ledger as it was first written: the name formatted again and parsed back,
+      ``os.write`` (which lets the GIL go) of the line to an O_APPEND file, the snapshot check under its lock.
+
+    The driver drains the records on its poll meanwhile, as in training."""
+    import os as _os
+    import tempfile
+    import threading
+    import time as _time
+
+    import raytrain_nb as train
+    from raytrain_nb._internal.checkpoint import reported
+    from raytrain_nb._internal.worker.session import current_session
+
+    session = current_session()
+    lock = threading.Lock()
+    request: List[Any] = [None]
+
+    def pre_ledger(index: int) -> None:
+        with lock:
+            _, request[0] = request[0], None
+
+    fd, path = tempfile.mkstemp(prefix="rtnb-ab-ledger-")
+    _os.close(fd)
+    fd = _os.open(path, _os.O_WRONLY | _os.O_APPEND)
+
+    def ledger_os_write(index: int) -> None:
+        parsed = reported.report_index(session.report_name(index))
+        _os.write(fd, f"{parsed}\n".encode())
+        pre_ledger(index)
+
+    hooks = {"ledger": session.on_report, "pre-ledger": pre_ledger, "ledger, os.write": ledger_os_write}
+    out: Dict[str, List[float]] = {name: [] for name in hooks}
+    order = list(hooks)
+    try:
+        for block in range(blocks + 1):  # block 0 warms up
+            for name in order[block % len(order):] + order[:block % len(order)]:
+                session.on_report = hooks[name]
+                t0 = _time.perf_counter()
+                for i in range(calls):
+                    train.report({"loss": 0.5, "step": i})
+                if block:
+                    out[name].append(1e6 * (_time.perf_counter() - t0) / calls)
+    finally:
+        session.on_report = hooks["ledger"]
+        _os.close(fd)
+        _os.unlink(path)
+    return out
+
+
+def report_ab_figures(group: Any, blocks: int = AB_BLOCKS, calls: int = AB_CALLS) -> List[Figure]:
+    """Figure 4d: report()'s cost with the ledger over the pre-ledger path, A/B in the same workers
+    (every rank's blocks paired with the next variant's in the same round), and 4e: the old append's."""
+    per_rank = group.execute(_report_ab, blocks, calls)
+    pooled: Dict[str, List[float]] = {}
+    for rank, samples in enumerate(per_rank):
+        for name, xs in samples.items():
+            pooled.setdefault(name, []).extend(xs)
+            print(f"  rank {rank} report() us per call, {name:17s}: {fmt_stats(stats(xs), digits=2)}")
+    figs = []
+    for key, name, target, info in (("4d", "ledger", 3.0, False), ("4e", "ledger, os.write", 3.0, True)):
+        diff = [a - b for a, b in zip(pooled[name], pooled["pre-ledger"])]
+        s, (lo, hi) = stats(diff), median_ci(diff)
+        print(f"  report() {name} minus pre-ledger, us per call: {fmt_stats(s, digits=2)}; 95% CI of median "
+              f"{lo:.2f}-{hi:.2f}")
+        figs.append(Figure(
+            key, f"{'diagnostic: ' if info else ''}report() us over the pre-ledger path ({name})", s["median"], "us",
+            "info" if info else "<", target,
+            spread=(f"95% CI of median {lo:.2f}-{hi:.2f}, IQR {s['q1']:.2f}-{s['q3']:.2f}, "
+                    f"min-max {s['min']:.2f}-{s['max']:.2f}, n={s['n']} blocks of {calls}"),
+            note=(f"{stats(pooled[name])['median']:.2f} vs pre-ledger {stats(pooled['pre-ledger'])['median']:.2f} "
+                  "us per call, A/B interleaved on the same workers"),
+            detail={"diff": s, "ci95": [lo, hi], "variants": {n: stats(xs) for n, xs in pooled.items()}}))
+    return figs
+
+
 def run(group: Any, steps: int = STEPS, rounds: int = ROUNDS) -> List[Figure]:
     section(f"3/4. DDP throughput: MLP 64-256-256-10, batch 64, SGD, 2 ranks gloo, {steps} steps per run")
     nice = _worker_niceness(group)
@@ -269,4 +354,4 @@ def run(group: Any, steps: int = STEPS, rounds: int = ROUNDS) -> List[Figure]:
             f"{rate['group+report'][kind]['median']:.0f} vs {rate['group'][kind]['median']:.0f} steps/s",
             {"ratio": r, "report": rate["group+report"][kind], "never": rate["group"][kind],
              "records_received": reports, "best_over_best": best("group+report", "group", kind)}))
-    return figs
+    return figs + report_ab_figures(group)
