@@ -62,7 +62,9 @@ class WorkerLostError(GroupError):
 
     def __init__(self, rank: int, cause: str, pid: Optional[int] = None, node: str = "") -> None:
         self.rank, self.cause, self.pid, self.node = rank, cause, pid, node
-        super().__init__(f"the worker process of rank {rank} (pid {pid}, node {node or None}) {self.verb}: {cause}")
+        where = ", ".join(part for part in (f"pid {pid}" if pid is not None else "",
+                                             f"node {node}" if node else "") if part) or "not started yet"
+        super().__init__(f"the worker process of rank {rank} ({where}) {self.verb}: {cause}")
 
     def __reduce__(self):
         return (type(self), (self.rank, self.cause, self.pid, self.node))

@@ -66,7 +66,8 @@ def test_deaths_are_typed_group_errors_that_pickle_and_read_by_type():
     died = WorkerDiedError(1, "SIGKILL", pid=42, node="10.0.0.2")
     silent = WorkerUnresponsiveError(2, "has not answered for 20 s", pid=43)
     assert str(died) == "the worker process of rank 1 (pid 42, node 10.0.0.2) died: SIGKILL"
-    assert str(silent) == "the worker process of rank 2 (pid 43, node None) stopped responding: has not answered for 20 s"
+    assert str(silent) == "the worker process of rank 2 (pid 43) stopped responding: has not answered for 20 s"
+    assert "rank 1 (not started yet) died" in str(WorkerDiedError(1, "SIGKILL"))
     for err in (died, silent):
         assert isinstance(err, GroupError) and isinstance(err, WorkerLostError) and isinstance(err, DEATHS)
         back = pickle.loads(pickle.dumps(err))

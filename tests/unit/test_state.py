@@ -62,7 +62,8 @@ def _core(state, workers=0):
     core = GroupCore(GroupConfig(num_workers=max(workers, 1)), Settings("t", 1.0, 1.0, 1.0, 0),
                      run_storage=types.SimpleNamespace())
     core.state = state
-    core.slots.assign([Slot(actor=f"a{i}", pg="pg", bundle=i, info={"pid": 10 + i}) for i in range(workers)])
+    core.slots.assign([Slot(actor=f"a{i}", pg="pg", bundle=i, info={"pid": 10 + i}, joined=True)
+                       for i in range(workers)])
     return core
 
 
@@ -94,6 +95,24 @@ def test_a_death_marks_its_rank_and_fails_an_idle_group_once():
     assert core.slots[1].state is SlotState.DEAD and core.slots[1].error == "SIGKILL"
     assert seen == [(S.IDLE, S.FAILED), (S.FAILED, S.FAILED)]
     with pytest.raises(GroupError, match=r"rank\(s\) 1 are dead or not responding: %dist_restart"):
+        core.check_usable()
+
+
+def test_a_worker_left_unjoined_by_a_failed_recovery_is_dropped_and_nothing_runs_on_it():
+    """A rescale whose only holder of the state died while a new rank joined: the new rank holds nothing, so it
+    goes (dead), and the group shows it; until then no cell or snapshot may run on it."""
+    from raytrain_nb._internal.group.executor import drop_unjoined
+
+    core = _core(S.FAILED, workers=2)
+    core.slots[0].mark(SlotState.DEAD, "SIGKILL")
+    core.slots[1].joined = False
+    core.slots[1].mark(SlotState.IDLE)
+    with pytest.raises(GroupError, match=r"rank\(s\) 1 never joined the group .* hold none of its state"):
+        core.check_usable()
+    drop_unjoined(core)
+    assert core.slots[1].state is SlotState.DEAD and "held none of the group's state" in core.slots[1].error
+    assert core.slots[0].error == "SIGKILL"  # a rank that had joined keeps what it was
+    with pytest.raises(GroupError, match=r"rank\(s\) 0, 1 are dead or not responding"):
         core.check_usable()
 
 

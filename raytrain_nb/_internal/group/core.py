@@ -77,6 +77,7 @@ class GroupCore:
         # (rank, state) handed over by a live rank before fresh processes replace every rank (TensorFlow), kept
         # until they have it: a renewal that failed leaves it for the next restart
         self.carried: Optional[Tuple[int, bytes]] = None
+        self.last_recovery: Optional[Any] = None  # the latest recovery's RecoveryTimings (executor.py)
         self.heartbeat_s = DEFAULT_HEARTBEAT_TIMEOUT_S
         self.latest_metrics: Dict[int, Dict[str, Any]] = {}
         self.metrics_history: Dict[int, Deque[Dict[str, Any]]] = {}
@@ -165,8 +166,13 @@ class GroupCore:
             raise GroupError("the group is running a cell: wait for it, or interrupt it")
 
     def check_usable(self) -> None:
-        """:meth:`check_not_running`, and no rank dead or silent."""
+        """:meth:`check_not_running`, every rank has joined the group, and none is dead or silent."""
         self.check_not_running()
+        unjoined = [r for r, s in enumerate(self.slots) if not s.joined and not s.gone]
+        if unjoined:
+            raise GroupError(f"rank(s) {', '.join(map(str, unjoined))} never joined the group (a recovery failed "
+                             "before they did) and hold none of its state: shut the group down and start a new one, "
+                             "then roll back to a checkpoint")
         dead = self.slots.gone_ranks()
         if dead:
             raise GroupError(

@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import re
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from ..errors import GroupError, RecoveryError
 from .peer_state import copy_to_fresh
@@ -42,6 +42,35 @@ logger = logging.getLogger(__name__)
 _BEFORE = (Carry, Reserve)
 
 
+@dataclasses.dataclass(frozen=True)
+class RecoveryTimings:
+    """Where the seconds of the latest recovery went (``WorkerGroup.last_recovery``).
+
+    Attributes:
+        operation: ``restart``, ``rescale`` or ``replace``.
+        steps: ``(step, seconds)`` in the order the plan ran them (``Retire``, ``Spawn``, ``Replay``, ``Join``...).
+        import_s: of the ``Replay`` step, the longest a new worker spent importing what it starts with (torch),
+            from its own clock (0 when no worker was new).
+    """
+
+    operation: str
+    steps: Tuple[Tuple[str, float], ...]
+    import_s: float = 0.0
+
+    @property
+    def total_s(self) -> float:
+        return sum(seconds for _, seconds in self.steps)
+
+    def seconds(self, step: str) -> float:
+        """The seconds of ``step`` (by its name; summed if it ran twice), 0 if it did not run."""
+        return sum(seconds for name, seconds in self.steps if name == step)
+
+    def __str__(self) -> str:
+        parts = [f"{name} {seconds:.2f} s" + (f" (importing {self.import_s:.2f} s)" if name == "Replay" and
+                                                self.import_s else "") for name, seconds in self.steps]
+        return f"{self.operation} {self.total_s:.2f} s: {', '.join(parts)}"
+
+
 class Execution:
     """One plan being carried out on a group's ``core`` (new workers started and joined by its ``formation``);
     :attr:`timings` holds each step's seconds, in order."""
@@ -57,6 +86,7 @@ class Execution:
         self.results: List[Any] = []
         self.unjoined: Set[int] = set()
         self.timings: List[tuple] = []
+        self.import_s = 0.0
 
     def run(self) -> None:
         """Every step in order, then the group is ``IDLE``; on a failure, undo (see the module) and raise."""
@@ -78,9 +108,10 @@ class Execution:
             raise
         if self.plan.operation == "rescale" or not self.plan.in_place:
             self.core.config = dataclasses.replace(self.core.config, num_workers=self.plan.num_workers)
+        self.core.last_recovery = RecoveryTimings(
+            self.plan.operation, tuple((type(step).__name__, t) for step, t in self.timings), self.import_s)
         self.core.transition(GroupState.IDLE)
-        logger.info("%s done: %s", self.plan.operation,
-                    ", ".join(f"{type(s).__name__} {t:.2f} s" for s, t in self.timings))
+        logger.info("%s", self.core.last_recovery)
 
     # -- the steps -------------------------------------------------------------------------------------
 
@@ -131,7 +162,7 @@ class Execution:
         self.formation.describe(self.new)
 
     def do_replay(self, step: Replay) -> None:
-        self.replays = prepare_new(self.core, self.formation, step.ranks)
+        self.replays, self.import_s = prepare_new(self.core, self.formation, step.ranks)
 
     def do_join(self, step: Join) -> None:
         core = self.core
@@ -227,6 +258,7 @@ class Execution:
         elif isinstance(exc, RecoveryError):
             back_to(core, self.formation, self.keep, self.new)
         else:
+            drop_unjoined(core)
             core.transition(GroupState.FAILED)
 
 
@@ -239,11 +271,13 @@ def carry_out(core: "GroupCore", formation: "Formation", plan: RecoveryPlan,
     return execution
 
 
-def prepare_new(core: "GroupCore", formation: "Formation", ranks: Sequence[int]) -> Dict[int, List[str]]:
+def prepare_new(core: "GroupCore", formation: "Formation",
+                ranks: Sequence[int]) -> Tuple[Dict[int, List[str]], float]:
     """Set up the workers of ``ranks`` without joining, then replay the cells on them.
 
     Returns each rank's replay failures (one line each), to be judged once the rank joined (a cell that
-    used an object the rank receives from a peer on joining failed only for want of it)."""
+    used an object the rank receives from a peer on joining failed only for want of it), and the longest
+    any of them spent importing what it starts with (torch)."""
     # The run directory first: report(checkpoint=...) and get_checkpoint() work on a new rank too.
     slots = core.slots
     core.collect([slots[r].actor.set_storage.remote(core.run_storage.url) for r in ranks], CONTROL_START_S, "start")
@@ -251,8 +285,10 @@ def prepare_new(core: "GroupCore", formation: "Formation", ranks: Sequence[int])
     addr = slots[0].info.get("node_ip", "127.0.0.1")
     refs = [slots[r].actor.setup.remote(infos[r].context(core.name), infos[r].env(addr, 0),
                                         core.backend, addr, 0, True) for r in ranks]
+    import_s = 0.0
     for r, res in zip(ranks, core.collect(refs, core.settings.start_timeout_s, "start")):
         slots[r].device = res["device"]
+        import_s = max(import_s, res.get("preload_s", 0.0))
     if core.pushed:  # values pushed from the notebook, which the cells to replay may use
         import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
@@ -260,7 +296,7 @@ def prepare_new(core: "GroupCore", formation: "Formation", ranks: Sequence[int])
         core.collect([slots[r].actor.push.remote(ref) for r in ranks], CONTROL_START_S, "receive pushed values in")
     cells = [(c.cell_id, c.source, c.setup) for c in core.history]
     if not cells:
-        return {}
+        return {}, import_s
     if core.kind.fresh_processes:  # every rank replays together, inside the backend (TensorFlow's strategy spans them)
         with core.driver_cell(list(ranks)) as specs:
             failed = core.collect([slots[r].actor.replay.remote(cells, spec) for r, spec in zip(ranks, specs)],
@@ -268,7 +304,22 @@ def prepare_new(core: "GroupCore", formation: "Formation", ranks: Sequence[int])
     else:
         failed = core.collect([slots[r].actor.replay.remote(cells) for r in ranks], core.settings.start_timeout_s,
                               "replay the cells of")
-    return dict(zip(ranks, failed))
+    return dict(zip(ranks, failed)), import_s
+
+
+def drop_unjoined(core: "GroupCore") -> None:
+    """A formation that failed (a kept rank died while the new ones joined) leaves new workers that never joined:
+    they hold none of the group's state, so they go and their ranks show dead. The group then shows what it has:
+    a restart replaces them from a rank that holds the state, and with none left the restart says to start from
+    a checkpoint; no cell or snapshot runs on a worker that holds nothing (it would write a snapshot without the
+    group's state)."""
+    for rank, slot in enumerate(core.slots):
+        if not slot.joined and not slot.gone:
+            kill_worker(slot)
+            slot.mark(SlotState.DEAD, "started by a recovery that failed before it joined the group: it held none "
+                                      "of the group's state")
+            logger.warning("rank %d: its worker was started by a recovery that failed before it joined, and held "
+                           "none of the group's state: it is stopped", rank)
 
 
 def renewal_failed(core: "GroupCore") -> None:

@@ -125,6 +125,8 @@ class WorkerGroup:
     num_spares = _read("settings.num_spares", "How many standby workers the group keeps.")
     run_storage = _read("run_storage", "Where the run's checkpoints live (``.url``, ``.manager``).")
     background = _read("background", "The latest ``--background`` cell (a ``BackgroundRun``), or None.")
+    last_recovery = _read("last_recovery", "Where the seconds of the latest restart or rescale went (a "
+                                           "``RecoveryTimings``: each step of its plan), or None.")
     rank_values = _read("rank_values", "What the latest restart or rescale re-evaluated on every rank (a "
                                        ":class:`RankValues`: ``rank``, ``world_size``...), or None.")
 
