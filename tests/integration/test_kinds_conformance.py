@@ -17,6 +17,7 @@ import pytest
 
 from raytrain_nb import WorkerGroup
 from raytrain_nb._internal.group.kinds import FreshProcesses, PeersThroughDriver, TorchProcessGroup
+from raytrain_nb._internal.group.plans import plan_recovery
 
 from ..groups import quiet
 from ..waiting import wait_for
@@ -117,8 +118,13 @@ def test_a_killed_rank_restarts_with_its_peers_state(kinded):
     before = digests(group, kind)
     assert len(set(before)) == 1
     kill(group, 1)
+    plan = plan_recovery(group.kind, "restart", live=[0], gone=[1])
     assert group.restart() == [1]
     assert digests(group, kind) == before  # the new rank holds what its peer held, and nothing trained meanwhile
+    # the plan that ran is the plan for this kind, every step of it timed
+    timings = group.last_recovery
+    assert timings.operation == "restart" and [name for name, _ in timings.steps] == [type(step).__name__ for step in plan.steps]
+    assert all(seconds >= 0 for _, seconds in timings.steps) and timings.total_s > 0
     quiet(group, kind.train)
     after = digests(group, kind)
     assert len(set(after)) == 1 and after != before  # and they train on together

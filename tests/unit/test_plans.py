@@ -89,3 +89,13 @@ def test_a_plan_describes_itself():
     text = plan_recovery(TORCH, "restart", live=[0], gone=[1]).describe()
     assert text.splitlines()[0] == "Retire(ranks=(1,), await_deaths=True)" and "Join(src=0, ranks=(1,))" in text
     assert plans.NO_SOURCE.startswith("no live worker")
+
+
+def test_a_recovery_says_where_its_seconds_went():
+    from raytrain_nb._internal.group.executor import RecoveryTimings
+
+    t = RecoveryTimings("restart", (("Retire", 0.01), ("Spawn", 0.4), ("Replay", 1.5), ("Join", 0.3),
+                                    ("Rebind", 0.02)), import_s=1.1)
+    assert t.seconds("Replay") == 1.5 and t.seconds("Carry") == 0 and abs(t.total_s - 2.23) < 1e-9
+    assert str(t) == ("restart 2.23 s: Retire 0.01 s, Spawn 0.40 s, Replay 1.50 s (importing 1.10 s), Join 0.30 s, "
+                      "Rebind 0.02 s")

@@ -71,18 +71,21 @@ class Worker(FormingWorker, CheckpointingWorker):
         self.rank = -1
         self._watch_stop = threading.Event()
         self._preloaded = threading.Event()
+        self.preload_s = 0.0
         self._init_checkpointing()
         # Import heavy modules (torch) while the driver sets up the rest of the group, on the cell
         # thread: a second thread importing torch.distributed during that import kills the process.
         self._cells.submit(self._preload, tuple(preload))
 
     def _preload(self, modules: Sequence[str]) -> None:
+        started = time.perf_counter()
         try:
             for name in modules:
                 importlib.import_module(name)
         except Exception as exc:  # the real import in user code will report it
             logger.debug("preloading %s failed: %s", modules, exc)
         finally:
+            self.preload_s = time.perf_counter() - started  # how long this process spent importing (torch)
             self._preloaded.set()
 
     def warm(self) -> int:

@@ -53,7 +53,7 @@ class FormingWorker:
                 self.pg.deferred = True
             else:
                 self.pg.init(backend, master_addr, master_port, self.rank, context["world_size"])
-        return {"device": device}
+        return {"device": device, "preload_s": self.preload_s}
 
     def _set_context(self, context: Dict[str, Any], env: Dict[str, str]) -> None:
         for key, value in env.items():  # an empty value removes the variable
