@@ -171,22 +171,26 @@ def cpu_state(obj: Any, copy: bool = True) -> Any:
     return obj
 
 
-def capture(namespace: Dict[str, Any], var_names: Sequence[str] = (),
-            copy: bool = True) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any]]:
+def capture(namespace: Dict[str, Any], var_names: Sequence[str] = (), copy: bool = True,
+            shared: bool = True) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any]]:
     """The tracked state now: ``(replicated, own, variables)``.
 
     Pass ``copy=False`` when it is written before user code runs again. ``replicated``
     (modules, optimizers, schedulers, scalers) is the same on every rank and written by rank 0;
     ``own`` (RNG states) is this rank's; ``variables`` are the plain variables named by
-    ``var_names``, written apart (rank 0) because only they may need unpickling to load.
+    ``var_names``, written apart (rank 0) because only they may need unpickling to load. With
+    ``shared=False`` (a rank that does not write them) ``replicated`` and ``variables`` come back empty:
+    nothing is copied that is not written.
 
     Raises:
         SnapshotError: a named variable does not exist.
     """
-    tracked = find_tracked(namespace)
     missing = [v for v in var_names if v not in namespace]
     if missing:
         raise SnapshotError(f"--vars names variable(s) {', '.join(missing)} that do not exist on the workers")
+    if not shared:
+        return {}, {"rng": rng_state()}, {}
+    tracked = find_tracked(namespace)
     replicated = {
         "modules": {n: cpu_state(m.state_dict(), copy) for n, m in tracked.modules.items()},
         "optimizers": {n: cpu_state(o.state_dict(), copy) for n, o in tracked.optimizers.items()},

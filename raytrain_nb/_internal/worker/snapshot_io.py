@@ -39,12 +39,13 @@ def rank_file(rank: int) -> str:
 
 def take(namespace: Dict[str, Any], rank: int, world_size: int, var_names: Sequence[str],
          copy: bool = True) -> Dict[str, Any]:
-    """The tracked state now; with ``copy``, CPU copies to write later (even while training goes on)."""
-    replicated, own, variables = capture(namespace, var_names, copy=copy)
-    own["fingerprint"] = fingerprint(namespace)  # this rank's, to tell what changed at rollback
+    """The tracked state now; with ``copy``, CPU copies to write later (even while training goes on). The state
+    every rank holds alike is taken (and copied) by rank 0 only, which writes it."""
+    replicated, own, variables = capture(namespace, var_names, copy=copy, shared=rank == 0)
+    own["fingerprint"] = prints = fingerprint(namespace)  # this rank's, to tell what changed at rollback
     return {"rank": rank, "world_size": world_size, "replicated": replicated if rank == 0 else None,
             "variables": variables if rank == 0 else None, "own": own, "vars": list(var_names),
-            "fingerprint": fingerprint(namespace)}
+            "fingerprint": prints}
 
 
 def write(taken: Dict[str, Any], staged: StagedDir) -> None:
