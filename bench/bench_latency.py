@@ -1,8 +1,9 @@
 """Figures 1 and 2: latency of a trivial cell, through ``WorkerGroup.run`` and through ``%%distributed``.
 
 1. ``group.run("x += 1")`` on 2 workers, interleaved call by call with a no-op round trip to two
-   plain Ray actors in parallel (the floor Ray itself sets); ``x`` is pulled from both ranks at the
-   end and must equal the number of runs.
+   plain Ray actors in parallel (the floor Ray itself sets) and with a no-op method (``ping``) called on
+   the group's own ``Worker`` actors (the floor of those actors: figure 1r is run / that floor, call by
+   call); ``x`` is pulled from both ranks at the end and must equal the number of runs.
 2. ``shell.run_cell("%%distributed\\npass")`` in a real IPython ``InteractiveShell``, interleaved with
    ``shell.run_cell("pass")`` (IPython's own cost) and ``group.run("pass")`` (the group's cost).
 """
@@ -13,7 +14,7 @@ import tempfile
 import time
 from typing import Any, List
 
-from common import Figure, fmt_stats, section, stats
+from common import Figure, fmt_stats, median_ci, section, stats
 
 CALLS = 300
 WARMUP = 30
@@ -39,32 +40,46 @@ def run_latency(group: Any, calls: int = CALLS) -> List[Figure]:
     actors = [Noop.remote() for _ in range(group.num_workers)]
     ray.get([a.noop.remote() for a in actors])
     group.run("x = 0", sink=CollectSink())
+    workers = [s.actor for s in group.slots]
     runs = 0
     t_run: List[float] = []
     t_ray: List[float] = []
+    t_worker: List[float] = []
     for i in range(WARMUP + calls):
         t0 = time.perf_counter()
         group.run("x += 1", sink=CollectSink())
         t1 = time.perf_counter()
         runs += 1
-        ray.get([a.noop.remote() for a in actors])
+        ray.get([a.noop.remote() for a in actors], timeout=60)
         t2 = time.perf_counter()
+        ray.get([w.ping.remote() for w in workers], timeout=60)
+        t3 = time.perf_counter()
         if i >= WARMUP:
             t_run.append(t1 - t0)
             t_ray.append(t2 - t1)
+            t_worker.append(t3 - t2)
     xs = group.pull("x", rank=None)
     assert xs == [runs] * group.num_workers, f"x on each rank: {xs}, expected {runs}"
     for a in actors:
         ray.kill(a)
-    s_run, s_ray = stats(t_run), stats(t_ray)
+    s_run, s_ray, s_worker = stats(t_run), stats(t_ray), stats(t_worker)
+    ratios = [r / w for r, w in zip(t_run, t_worker)]
+    s_ratio, ci = stats(ratios), median_ci(ratios)
     print(f"  group.run('x += 1'):        {fmt_stats(s_run, 1e3, 'ms')}")
     print(f"  no-op Ray call to 2 actors: {fmt_stats(s_ray, 1e3, 'ms')}")
+    print(f"  no-op on the 2 Worker actors: {fmt_stats(s_worker, 1e3, 'ms')}")
+    print(f"  run / Worker floor, call by call: {fmt_stats(s_ratio, 1, 'x')} (95% CI of the median "
+          f"{ci[0]:.2f}-{ci[1]:.2f})")
     print(f"  effect checked: x == {runs} on ranks {list(range(group.num_workers))}")
     return [
         Figure("1", "run('x += 1') latency, 2 workers", s_run["median"] * 1e3, "ms", "<", 3.0,
                spread=_spread(s_run),
                note=f"Ray no-op x2 floor {s_ray['median'] * 1e3:.2f} ms",
                detail={"run_s": s_run, "ray_noop_s": s_ray, "runs": runs, "x": xs}),
+        Figure("1r", "run('x += 1') / no-op on the same Worker actors", s_ratio["median"], "x", "<", 1.5,
+               spread=f"95% CI {ci[0]:.2f}-{ci[1]:.2f}",
+               note=f"Worker no-op x2 floor {s_worker['median'] * 1e3:.2f} ms",
+               detail={"worker_noop_s": s_worker, "ratio": s_ratio, "ci": ci}),
     ]
 
 

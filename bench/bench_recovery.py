@@ -3,6 +3,12 @@
 and, for comparison, what a user does today: shut the group down, start a fresh one, re-run the setup cell
 and load the checkpoint. Also the training steps lost by a peer restart.
 
+Each recovery is set beside its floor, measured in the same round with two bare Ray actors (no raytrain_nb):
+a new actor that imports torch, then ``init_process_group`` (gloo) with a live peer on the group's size (the
+floor of a restart); ``init_process_group`` alone (of a restart with a spare, whose torch is imported); the
+peer alone at size 1 (of a shrink). Every step of each recovery's plan is timed (``group.last_recovery``),
+so the table says where the seconds go.
+
 Run alone (``python bench/bench_recovery.py``) or from ``run_all.py``; returns :class:`Figure` rows.
 """
 from __future__ import annotations
@@ -10,16 +16,17 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import statistics
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, List
+from typing import Any, Callable, Dict, List
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
-from common import Figure, fmt_stats, section, single_thread, stats, summary_table  # noqa: E402
+from common import Figure, fmt_stats, median_ci, section, single_thread, stats, summary_table  # noqa: E402
 
 SETUP = """
 import torch, raytrain_nb as train
@@ -49,6 +56,84 @@ def _kill_rank1(g) -> float:
     return t0
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _bare_actor_class():
+    import ray
+
+    @ray.remote(num_cpus=0.5)
+    class Bare:
+        """A plain Ray actor: what a worker costs without raytrain_nb."""
+
+        def import_torch(self) -> int:
+            import torch  # noqa: F401
+
+            return os.getpid()
+
+        def init_pg(self, port: int, rank: int, world: int) -> bool:
+            import datetime
+
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                    timeout=datetime.timedelta(seconds=60))
+            return True
+
+    return Bare
+
+
+def _floors() -> Dict[str, float]:
+    """One round of the floors (seconds): ``restart`` (a new actor, torch imported, a process group of 2 with a
+    live peer), ``spare`` (the process group of 2 again), ``shrink`` (the peer's process group of 1)."""
+    import ray
+
+    bare = _bare_actor_class()
+    peer = bare.remote()
+    new = None
+    try:
+        ray.get(peer.import_torch.remote(), timeout=120)
+        t0 = time.perf_counter()
+        new = bare.remote()
+        ray.get(new.import_torch.remote(), timeout=120)
+        port = _free_port()
+        ray.get([peer.init_pg.remote(port, 0, 2), new.init_pg.remote(port, 1, 2)], timeout=120)
+        restart = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        port = _free_port()
+        ray.get([peer.init_pg.remote(port, 0, 2), new.init_pg.remote(port, 1, 2)], timeout=120)
+        spare = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        ray.get(peer.init_pg.remote(_free_port(), 0, 1), timeout=120)
+        shrink = time.perf_counter() - t0
+    finally:
+        for actor in (peer, new):
+            if actor is not None:
+                ray.kill(actor, no_restart=True)
+    return {"restart": restart, "spare": spare, "shrink": shrink}
+
+
+def _breakdown(label: str, timings: List[Any]) -> str:
+    """The median seconds of each step of a recovery's plan, over the rounds."""
+    names: List[str] = []
+    for t in timings:
+        names += [n for n, _ in t.steps if n not in names]
+    parts = []
+    for name in names:
+        part = f"{name} {statistics.median(t.seconds(name) for t in timings):.2f}"
+        if name == "Replay" and any(t.import_s for t in timings):
+            part += f" (importing {statistics.median(t.import_s for t in timings):.2f})"
+        parts.append(part)
+    return f"  {label:28s} " + ", ".join(parts) + " s"
+
+
 def run(rounds: int = 3) -> List[Figure]:
     single_thread()
     from raytrain_nb import WorkerGroup
@@ -59,6 +144,8 @@ def run(rounds: int = 3) -> List[Figure]:
     q = CollectSink()
     storage = tempfile.mkdtemp(prefix="rtnb-bench-recovery-")
     times: Dict[str, List[float]] = {k: [] for k in ("peer", "spare", "checkpoint", "rescale", "fresh")}
+    floors: List[Dict[str, float]] = []
+    plans: Dict[str, List[Any]] = {k: [] for k in ("peer", "spare", "shrink", "grow")}
     lost: List[int] = []
 
     def group(**kw):
@@ -70,6 +157,7 @@ def run(rounds: int = 3) -> List[Figure]:
 
     try:
         for _ in range(rounds):
+            floors.append(_floors())
             g = group()
             g.checkpoint(name="ckpt")
             before = g.pull("step")
@@ -77,6 +165,7 @@ def run(rounds: int = 3) -> List[Figure]:
             g.restart()
             g.run(STEP, sink=q)
             times["peer"].append(time.perf_counter() - t0)
+            plans["peer"].append(g.last_recovery)
             lost.append(before + 1 - g.pull("step", rank=1))
 
             t0 = _kill_rank1(g)
@@ -86,8 +175,10 @@ def run(rounds: int = 3) -> List[Figure]:
 
             t0 = time.perf_counter()
             g.rescale(1)
+            plans["shrink"].append(g.last_recovery)
             g.run(STEP, sink=q)
             g.rescale(2)
+            plans["grow"].append(g.last_recovery)
             g.run(STEP, sink=q)
             times["rescale"].append(time.perf_counter() - t0)
             name, url = g.name, g.run_storage.url
@@ -107,6 +198,7 @@ def run(rounds: int = 3) -> List[Figure]:
             g.restart()
             g.run(STEP, sink=q)
             times["spare"].append(time.perf_counter() - t0)
+            plans["spare"].append(g.last_recovery)
             g.shutdown()
     finally:
         shutil.rmtree(storage, ignore_errors=True)
@@ -117,6 +209,19 @@ def run(rounds: int = 3) -> List[Figure]:
                      ("fresh", "shutdown + new group + setup + load")):
         print(f"{label:38s}", fmt_stats(st[k], 1, "s"))
     print("steps lost by a peer restart:", lost)
+    floor = {k: [f[k] for f in floors] for k in ("restart", "spare", "shrink")}
+    for k, label in (("restart", "floor: new actor + torch + pg of 2"), ("spare", "floor: pg of 2 again"),
+                     ("shrink", "floor: pg of 1")):
+        print(f"{label:38s}", fmt_stats(stats(floor[k]), 1, "s"))
+    print("where the seconds go (median per step of the plan):")
+    for k, label in (("peer", "restart (peer)"), ("spare", "restart, --spares 1"), ("shrink", "rescale 2 -> 1"),
+                     ("grow", "rescale 1 -> 2")):
+        print(_breakdown(label, plans[k]))
+    # each round's recovery beside the floor measured in the same round
+    over = {"peer": [t - f["restart"] for t, f in zip(times["peer"], floors)],
+            "spare": [t - f["spare"] for t, f in zip(times["spare"], floors)],
+            "rescale": [t - f["shrink"] - f["restart"] for t, f in zip(times["rescale"], floors)]}
+    ci = {k: median_ci(v) for k, v in over.items()}
     return [
         Figure("r1", "SIGKILL -> first step after restart (peer state)", st["peer"]["median"], "s", "<", 5.0,
                spread=f"fresh group + setup + load: {st['fresh']['median']:.1f} s"),
@@ -128,6 +233,15 @@ def run(rounds: int = 3) -> List[Figure]:
                5.0, note="Ray Train here: ~19 s to the first step after a crash"),
         Figure("r6", "training steps lost by a peer restart (max)", float(max(lost)), "", "<", 2,
                note="at most one step may be lost"),
+        Figure("r7", "restart (peer) over its floor (bare actor + torch + pg)", statistics.median(over["peer"]), "s",
+               "<", 1.0, spread=f"95% CI {ci['peer'][0]:.2f}-{ci['peer'][1]:.2f}; floor "
+               f"{statistics.median(floor['restart']):.2f} s", note=_breakdown("", plans["peer"]).strip()),
+        Figure("r8", "restart with a spare over its floor (pg of 2)", statistics.median(over["spare"]), "s", "<",
+               0.5, spread=f"95% CI {ci['spare'][0]:.2f}-{ci['spare'][1]:.2f}; floor "
+               f"{statistics.median(floor['spare']):.2f} s", note=_breakdown("", plans["spare"]).strip()),
+        Figure("r9", "rescale 2 -> 1 -> 2 over its parts' floors", statistics.median(over["rescale"]), "s", "<", 1.0,
+               spread=f"95% CI {ci['rescale'][0]:.2f}-{ci['rescale'][1]:.2f}; floors "
+               f"{statistics.median(floor['shrink']):.2f} + {statistics.median(floor['restart']):.2f} s"),
     ]
 
 
