@@ -13,8 +13,8 @@ Markers live in ``<run>/.staging/.markers/``: ``<name>.rank-<r>.started``, ``<na
 A rank whose record of a report dies with it (killed before the driver's next poll, ~0.1 s) would
 leave no evidence that it reported; so on a local disk each rank also appends the index of every
 report to its ledger ``reports.rank-<r>`` there (:class:`ReportLedger`: one small append, which
-survives the process: it is in the page cache once write(2) returns, before ``report()`` does). On an object store there is no ledger: such a set is discarded and training
-resumes from the checkpoint before it.
+survives the process: it is in the page cache once write(2) returns, before ``report()`` does). On an
+object store there is no ledger: such a set is discarded and training resumes from the checkpoint before it.
 """
 from __future__ import annotations
 
