@@ -15,7 +15,8 @@ Every iopub message that arrives while a cell runs is counted by type, whatever 
 from the dashboard's timer thread is a ``comm_msg`` too.
 
 18a. the magic's own cost: no-op magic cell - plain cell - ``group.run`` (per round; median). Target < 2 ms.
-18b. widget (``comm_msg``) messages in all the no-op cells (magic and ``group.run``). Target: none.
+18b. widget (``comm_msg``) messages in all the no-op cells (magic and ``group.run``). Target: none. A cell that runs
+     over 100 ms (a load spike) is shown as running, by design: the figure says how many did.
 18c. (diagnostic) the no-op magic cell over the plain cell plus the floor, per round: the median ratio and its
      95 % bootstrap interval.
 18d. (diagnostic) the no-op magic cell's time and iopub messages, beside the plain cell, ``group.run`` and the floor.
@@ -67,6 +68,7 @@ _floor.append(_t1 - _t0)
 _runs.append(_t2 - _t1)
 """
 WIDGET = "application/vnd.jupyter.widget-view+json"
+SHOWN_S = 0.1  # a cell that runs this long shows as running on the dashboard (raytrain_nb.notebook.dashboard.sync)
 
 
 class KernelClient:
@@ -154,6 +156,7 @@ def figures(m: Dict[str, Any]) -> List[Figure]:
     r_lo, r_hi = median_ci(ratio)
     msg = m["messages"]
     widget = msg["magic"]["comm_msg"] + msg["timed"]["comm_msg"]
+    slow = sum(x > SHOWN_S for x in t["magic"]) + sum(x > SHOWN_S for x in m["runs"])
     per_magic = {k: v / n for k, v in sorted(msg["magic"].items())}
     per_plain = {k: v / n for k, v in sorted(msg["plain"].items())}
     print(f"  %%distributed no-op cell: {fmt_stats(s['magic'], 1e3, 'ms')}")
@@ -164,7 +167,8 @@ def figures(m: Dict[str, Any]) -> List[Figure]:
           f"{o_lo * 1e3:.2f}..{o_hi * 1e3:.2f} ms")
     print(f"  magic / (plain + floor): median {s['ratio']['median']:.2f}, 95% CI {r_lo:.2f}..{r_hi:.2f}")
     print(f"  iopub messages per magic cell {per_magic}; per plain cell {per_plain}")
-    print(f"  widget messages (comm_msg) in {2 * n} no-op group cells: {widget}")
+    print(f"  widget messages (comm_msg) in {2 * n} no-op group cells: {widget}; cells that ran over "
+          f"{SHOWN_S * 1e3:.0f} ms (shown as running, by design): {slow}")
     ms = lambda key: s[key]["median"] * 1e3  # noqa: E731
     return [
         Figure("18a", "no-op %%distributed cost over plain cell + group.run, dashboard shown", ms("over"), "ms", "<",
@@ -174,13 +178,15 @@ def figures(m: Dict[str, Any]) -> List[Figure]:
                detail={k: v for k, v in s.items()}),
         Figure("18b", "widget messages sent by no-op cells, dashboard shown", float(widget), "", "<", 1,
                spread=f"{2 * n} cells ({n} %%distributed, {n} group.run)",
-               note=f"comm_msg per magic cell {msg['magic']['comm_msg'] / n:.2f}"),
+               note=f"comm_msg per magic cell {msg['magic']['comm_msg'] / n:.2f}; {slow} cells ran over "
+               f"{SHOWN_S * 1e3:.0f} ms (a load spike): such a cell shows as running, by design"),
         Figure("18c", "diagnostic: no-op magic cell / (plain cell + Worker.ping floor)", s["ratio"]["median"], "x",
                "info", 1.0, spread=f"95% CI of the median {r_lo:.2f}..{r_hi:.2f}, n={n}",
                note=f"floor {ms('floor'):.2f} ms", detail={"ratio": ratio}),
         Figure("18d", "diagnostic: no-op %%distributed cell in a kernel, dashboard shown", ms("magic"), "ms", "info",
                ms("plain") + ms("run") + 2.0, spread=f"IQR {s['magic']['q1'] * 1e3:.1f}..{s['magic']['q3'] * 1e3:.1f}",
-               note=f"iopub messages per cell: magic {sum(per_magic.values()):.1f}, plain {sum(per_plain.values()):.1f}",
+               note=f"iopub messages per cell: magic {sum(per_magic.values()):.1f}, "
+                    f"plain {sum(per_plain.values()):.1f}",
                detail={"per_magic": per_magic, "per_plain": per_plain}),
     ]
 

@@ -19,6 +19,9 @@ pytestmark = pytest.mark.notebook
 WIDGET = "application/vnd.jupyter.widget-view+json"
 #: Brings the widgets in line now, as the timer thread does within 100 ms: what it sends is counted with the cell.
 FLUSH = "_rt.active_group().dashboard().flush()"
+#: A cell that runs this long is shown as running (raytrain_nb.notebook.dashboard.sync): a load spike can do that.
+SHOWN_S = 0.1
+ATTEMPTS = 5
 
 
 @contextlib.contextmanager
@@ -51,10 +54,21 @@ def nb(kernel):
     return kernel
 
 
+def _busy_s(cell) -> float:
+    """How long the kernel was busy with ``cell``: from its busy to its idle status, on the kernel's clock."""
+    at = {m.content["execution_state"]: m.t for m in cell.of("status")}
+    return at["idle"] - at["busy"]
+
+
 def test_a_no_op_cell_with_the_dashboard_shown_sends_no_widget_message(nb):
-    with _iopub_types(nb) as quiet:  # each cell is read up to its idle status, the last one's after a flush
-        for code in ("%%distributed\npass", "%%distributed\npass", FLUSH):
-            nb.ok(code)
+    for _ in range(ATTEMPTS):
+        with _iopub_types(nb) as quiet:  # each cell is read up to its idle status, the last one's after a flush
+            cells = [nb.ok(code) for code in ("%%distributed\npass", "%%distributed\npass", FLUSH)]
+        if all(_busy_s(c) < SHOWN_S for c in cells[:2]):
+            break  # else a load spike made a cell run so long that it is shown as running, by design: again
+    else:
+        raise AssertionError(f"in {ATTEMPTS} tries a no-op cell always ran over {SHOWN_S * 1e3:.0f} ms "
+                             "(a loaded machine)")
     assert quiet["comm_msg"] == 0, f"widget messages from no-op cells: {dict(quiet)}"
     assert quiet["execute_input"] == 3
     with _iopub_types(nb) as shown:  # the count is live: a report moves the bars
