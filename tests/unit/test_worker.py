@@ -125,3 +125,23 @@ def test_fd_level_output_is_captured_per_cell():
     assert "py\n" in text and "fd1\n" in text and "c-printf\n" in text
     assert ["stderr", "fd2\n"] in first
     assert second == [["stdout", "second\n"]]
+
+
+def test_a_cell_run_again_reuses_its_code_under_its_own_name():
+    from raytrain_nb._internal.worker import cell
+
+    source = "def f(a):\n    return a[3]\nf([])"
+    first, again = cell.compile_cell(source, "<cell-1>"), cell.compile_cell(source, "<cell-2>")
+    hits = cell._compiled.cache_info().hits
+    assert cell.compile_cell(source, "<cell-3>") and cell._compiled.cache_info().hits == hits + 1
+    (body1, tail1), (body2, tail2) = first, again
+    assert body1.co_filename == "<cell-1>" and body2.co_filename == "<cell-2>" and tail2.co_filename == "<cell-2>"
+    nested = [c for c in body2.co_consts if hasattr(c, "co_filename")]
+    assert nested and all(c.co_filename == "<cell-2>" for c in nested)  # f's frames name this cell
+    worker = Worker(capture=False)
+    for cell_id in (7, 8):  # the second run reuses the first one's code, and its traceback names cell 8
+        tb = worker.run_cell(source, cell_id).failure.traceback
+        assert f'File "<cell-{cell_id}>", line 2, in f\n    return a[3]' in tb, tb
+    with pytest.raises(SyntaxError) as info:
+        cell.compile_cell("x = (", "<cell-8>")
+    assert info.value.filename == "<cell-8>"

@@ -6,6 +6,7 @@ flight (not the core's, which the monitor needs meanwhile).
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import sys
@@ -79,7 +80,7 @@ class Runner:
         self.core.check_usable()
         targets = self.targets(ranks)
         cell_id = self.core.next_cell_id()
-        if not needs_ipython(source):
+        if not needs_ipython(source) and not _parses(source):
             try:
                 compile(source, f"<cell-{cell_id}>", "exec")
             except SyntaxError as exc:  # reported once, before any worker runs anything
@@ -94,8 +95,9 @@ class Runner:
             self.core.run_storage.background_error = None
         try:
             partial = len(targets) < self.core.num_workers
-            results = self.dispatch(lambda s, fw: s.actor.run_cell.remote(source, cell_id, True, base, partial, fw),
-                                    targets, sink, output, shown)
+            results = self.dispatch(
+                lambda s, fw: s.actor.run_cell_packed.remote((source, cell_id, True, base, partial, fw)),
+                targets, sink, output, shown)
         finally:
             self.core.run_storage.advance(max(self.core.reports_seen(base), 0))
         values = {r: res.value for r, res in results.items()}
@@ -120,7 +122,7 @@ class Runner:
         base = self.core.run_storage.report_base
         try:
             partial = len(targets) < self.core.num_workers
-            results = self.dispatch(lambda s, fw: s.actor.execute.remote(fn, args, kwargs, base, partial, fw),
+            results = self.dispatch(lambda s, fw: s.actor.execute_packed.remote((fn, args, kwargs, base, partial, fw)),
                                     targets, sink or TextSink(), output, targets[:1] if output == "rank0" else targets)
         finally:
             self.core.run_storage.advance(max(self.core.reports_seen(base), 0))
@@ -222,6 +224,16 @@ class Runner:
         """Re-import ``module`` on every rank (see ``WorkerGroup.reload``)."""
         self.core.check_usable()
         return self.execute(_reload, module)
+
+
+@functools.lru_cache(maxsize=256)
+def _parses(source: str) -> bool:
+    """Whether ``source`` compiles (the same cell run again is not compiled again to tell)."""
+    try:
+        compile(source, "<cell>", "exec")
+    except SyntaxError:
+        return False
+    return True
 
 
 def _reload(module: str) -> str:

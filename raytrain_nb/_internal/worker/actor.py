@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from ..backend import process_group_state
 from ..errors import RankFailure, failure_from_exception
@@ -196,6 +196,11 @@ class Worker(FormingWorker, CheckpointingWorker):
         """
         return self._cells.call(self._run_cell, source, cell_id, show_value, report_base, partial, framework)
 
+    def run_cell_packed(self, request: Tuple[Any, ...]) -> CellOutcome:
+        """:meth:`run_cell` with its arguments in one tuple: the driver's path (Ray sends one argument in about
+        half the time of six, a tenth of a millisecond a call)."""
+        return self.run_cell(*request)
+
     def _run_cell(self, source: str, cell_id: int, show_value: bool, report_base: int = 0,
                   partial: bool = False, framework: Optional[Any] = None) -> CellOutcome:
         self._report_base, self._partial = report_base, partial
@@ -233,6 +238,10 @@ class Worker(FormingWorker, CheckpointingWorker):
         """Call ``fn(*args, **kwargs)`` on the cell thread (inside ``framework``, as :meth:`run_cell`);
         return its value or failure."""
         return self._cells.call(self._execute, fn, args, kwargs, report_base, partial, framework)
+
+    def execute_packed(self, request: Tuple[Any, ...]) -> CellOutcome:
+        """:meth:`execute` with its arguments in one tuple (the driver's path, as :meth:`run_cell_packed`)."""
+        return self.execute(*request)
 
     def _execute(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, Any],
                  report_base: int = 0, partial: bool = False, framework: Optional[Any] = None) -> CellOutcome:

@@ -8,6 +8,7 @@ transformer, loaded only when the cell contains such syntax.
 from __future__ import annotations
 
 import ast
+import functools
 import linecache
 import os
 import re
@@ -68,10 +69,30 @@ def register_source(filename: str, source: str) -> None:
 def compile_cell(source: str, filename: str) -> Tuple[Optional[CodeType], Optional[CodeType]]:
     """Compile a cell into (body, last_expression) code objects.
 
+    A source compiled before is not compiled again (a cell run in a loop, ``%%distributed`` on the same
+    code): its code objects are reused under ``filename``, so tracebacks name this cell.
+
     Raises:
         SyntaxError: with ``filename`` and the cell's line numbers.
     """
     register_source(filename, source)
+    try:
+        body, tail = _compiled(source)
+    except SyntaxError:
+        return _compile(source, filename)  # again, to raise it with this cell's name
+    return (_renamed(body, filename) if body is not None else None,
+            _renamed(tail, filename) if tail is not None else None)
+
+
+_ANY_CELL = "<cell>"
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(source: str) -> Tuple[Optional[CodeType], Optional[CodeType]]:
+    return _compile(source, _ANY_CELL)
+
+
+def _compile(source: str, filename: str) -> Tuple[Optional[CodeType], Optional[CodeType]]:
     tree = ast.parse(source, filename=filename, mode="exec")
     last: Optional[ast.Expression] = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
@@ -81,6 +102,12 @@ def compile_cell(source: str, filename: str) -> Tuple[Optional[CodeType], Option
     body = compile(tree, filename, "exec") if tree.body else None
     tail = compile(last, filename, "eval") if last is not None else None
     return body, tail
+
+
+def _renamed(code: CodeType, filename: str) -> CodeType:
+    """``code`` and the code objects it holds (functions, classes, comprehensions) under ``filename``."""
+    consts = tuple(_renamed(c, filename) if isinstance(c, CodeType) else c for c in code.co_consts)
+    return code.replace(co_filename=filename, co_consts=consts)
 
 
 def run_compiled(body: Optional[CodeType], tail: Optional[CodeType], namespace: Dict[str, Any]) -> Any:
