@@ -187,11 +187,11 @@ def _one_library(library: str, pairs: int, storage: str) -> List[Figure]:
 
 
 def run(quick: bool = False, only: Sequence[str] = ()) -> List[Figure]:
-    import cloudpickle
+    import ray.cloudpickle  # Ray pickles with its own copy of cloudpickle: the registration must be there
 
     from raytrain_nb._internal import cluster
 
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import bench/ by name
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import bench/ by name
     pairs = 1 if quick else PAIRS
     section(f"16. XGBoost / LightGBM / TensorFlow: raytrain_nb vs Ray Train trainers ({WORLD} workers, {ROWS} rows "
             f"x 16 each, {ROUNDS} rounds or {EPOCHS} epochs; {pairs} interleaved pair(s) after one warm-up pair)")
