@@ -35,12 +35,14 @@ _LOCK = threading.Lock()
 
 
 def dashboard_for(group: Any, **options: Any) -> "Dashboard":
-    """The dashboard of ``group`` (made on first use, then the same one)."""
+    """The dashboard of ``group`` (made on first use, then the same one), showing the group as it is now."""
     with _LOCK:
         dash = _DASHBOARDS.get(group)
         if dash is None or dash.closed:
             dash = _DASHBOARDS[group] = Dashboard(group, **options)
-        return dash
+            return dash
+    dash.flush()  # asked for in a cell: what it shows (and code reads from it) is as of now
+    return dash
 
 
 def existing_dashboard(group: Any) -> Optional["Dashboard"]:
