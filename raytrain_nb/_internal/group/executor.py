@@ -87,6 +87,7 @@ class Execution:
         self.unjoined: Set[int] = set()
         self.timings: List[tuple] = []
         self.import_s = 0.0
+        self.spared: Set[int] = set()  # ranks a standby worker took
 
     def run(self) -> None:
         """Every step in order, then the group is ``IDLE``; on a failure, undo (see the module) and raise."""
@@ -153,6 +154,7 @@ class Execution:
                 spare = slots.take_spare()  # a standby worker, started and with torch imported
                 old = slots.put(r, spare if spare is not None else self.formation.spawn(*slots[r].place))
                 if spare is not None:
+                    self.spared.add(r)
                     slots.spares.append(self.formation.spawn(*old.place))  # refill in the background
                     slots.spares[-1].actor.warm.remote()
             self.new = [slots[r] for r in step.ranks]
@@ -162,7 +164,9 @@ class Execution:
         self.formation.describe(self.new)
 
     def do_replay(self, step: Replay) -> None:
-        self.replays, self.import_s = prepare_new(self.core, self.formation, step.ranks)
+        self.replays, imports = prepare_new(self.core, self.formation, step.ranks)
+        # a spare imported long before this recovery: only new processes' imports are part of it
+        self.import_s = max((t for r, t in imports.items() if r not in self.spared), default=0.0)
 
     def do_join(self, step: Join) -> None:
         core = self.core
@@ -272,12 +276,12 @@ def carry_out(core: "GroupCore", formation: "Formation", plan: RecoveryPlan,
 
 
 def prepare_new(core: "GroupCore", formation: "Formation",
-                ranks: Sequence[int]) -> Tuple[Dict[int, List[str]], float]:
+                ranks: Sequence[int]) -> Tuple[Dict[int, List[str]], Dict[int, float]]:
     """Set up the workers of ``ranks`` without joining, then replay the cells on them.
 
     Returns each rank's replay failures (one line each), to be judged once the rank joined (a cell that
-    used an object the rank receives from a peer on joining failed only for want of it), and the longest
-    any of them spent importing what it starts with (torch)."""
+    used an object the rank receives from a peer on joining failed only for want of it), and how long each
+    spent importing what it starts with (torch), by its own clock."""
     # The run directory first: report(checkpoint=...) and get_checkpoint() work on a new rank too.
     slots = core.slots
     core.collect([slots[r].actor.set_storage.remote(core.run_storage.url) for r in ranks], CONTROL_START_S, "start")
@@ -285,10 +289,10 @@ def prepare_new(core: "GroupCore", formation: "Formation",
     addr = slots[0].info.get("node_ip", "127.0.0.1")
     refs = [slots[r].actor.setup.remote(infos[r].context(core.name), infos[r].env(addr, 0),
                                         core.backend, addr, 0, True) for r in ranks]
-    import_s = 0.0
+    imports: Dict[int, float] = {}
     for r, res in zip(ranks, core.collect(refs, core.settings.start_timeout_s, "start")):
         slots[r].device = res["device"]
-        import_s = max(import_s, res.get("preload_s", 0.0))
+        imports[r] = res.get("preload_s", 0.0)
     if core.pushed:  # values pushed from the notebook, which the cells to replay may use
         import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
@@ -296,7 +300,7 @@ def prepare_new(core: "GroupCore", formation: "Formation",
         core.collect([slots[r].actor.push.remote(ref) for r in ranks], CONTROL_START_S, "receive pushed values in")
     cells = [(c.cell_id, c.source, c.setup) for c in core.history]
     if not cells:
-        return {}, import_s
+        return {}, imports
     if core.kind.fresh_processes:  # every rank replays together, inside the backend (TensorFlow's strategy spans them)
         with core.driver_cell(list(ranks)) as specs:
             failed = core.collect([slots[r].actor.replay.remote(cells, spec) for r, spec in zip(ranks, specs)],
@@ -304,7 +308,7 @@ def prepare_new(core: "GroupCore", formation: "Formation",
     else:
         failed = core.collect([slots[r].actor.replay.remote(cells) for r in ranks], core.settings.start_timeout_s,
                               "replay the cells of")
-    return dict(zip(ranks, failed)), import_s
+    return dict(zip(ranks, failed)), imports
 
 
 def drop_unjoined(core: "GroupCore") -> None:
