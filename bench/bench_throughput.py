@@ -236,8 +236,10 @@ def _report_ab(blocks: int = AB_BLOCKS, calls: int = AB_CALLS) -> Dict[str, List
 
 
 def report_ab_figures(group: Any, blocks: int = AB_BLOCKS, calls: int = AB_CALLS) -> List[Figure]:
-    """Figure 4d: report()'s cost with the ledger over the pre-ledger path, A/B in the same workers
-    (every rank's blocks paired with the next variant's in the same round), and 4e: the old append's."""
+    """Figure 4d: report()'s cost with the ledger over the pre-ledger path, A/B in the same workers (each
+    block paired with the pre-ledger block of the same round on the same rank), and 4e: the same for the
+    ledger as first written. The pre-ledger variant runs today's ``WorkerSession.report``, faster than the
+    one of that time, so 4d overstates what the ledger adds to the figure before it."""
     per_rank = group.execute(_report_ab, blocks, calls)
     pooled: Dict[str, List[float]] = {}
     for rank, samples in enumerate(per_rank):
