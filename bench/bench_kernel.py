@@ -20,6 +20,8 @@ from the dashboard's timer thread is a ``comm_msg`` too.
 18c. (diagnostic) the no-op magic cell over the plain cell plus the floor, per round: the median ratio and its
      95 % bootstrap interval.
 18d. (diagnostic) the no-op magic cell's time and iopub messages, beside the plain cell, ``group.run`` and the floor.
+18e. (diagnostic) 18a again after the dashboard is closed (half the rounds, same kernel): what the shown
+     dashboard still costs a cell is the difference.
 """
 from __future__ import annotations
 
@@ -148,7 +150,7 @@ def measure(kernel: KernelClient, rounds: int, warmup: int) -> Dict[str, Any]:
 def figures(m: Dict[str, Any]) -> List[Figure]:
     """Figures 18a-18d from :func:`measure`'s result."""
     t, n = m["times"], m["rounds"]
-    over = [mg - pl - run for mg, pl, run in zip(t["magic"], t["plain"], m["runs"])]
+    over = _overhead(m)
     ratio = [mg / (pl + fl) for mg, pl, fl in zip(t["magic"], t["plain"], m["floor"])]
     s = {"magic": stats(t["magic"]), "plain": stats(t["plain"]), "run": stats(m["runs"]),
          "floor": stats(m["floor"]), "over": stats(over), "ratio": stats(ratio)}
@@ -191,6 +193,25 @@ def figures(m: Dict[str, Any]) -> List[Figure]:
     ]
 
 
+def _overhead(m: Dict[str, Any]) -> List[float]:
+    """Per round: the no-op magic cell's time minus the plain cell's and ``group.run``'s."""
+    return [mg - pl - run for mg, pl, run in zip(m["times"]["magic"], m["times"]["plain"], m["runs"])]
+
+
+def closed_figure(shown: Dict[str, Any], closed: Dict[str, Any]) -> Figure:
+    """Figure 18e: the magic's own cost with the dashboard closed, beside it shown."""
+    with_dash, without = stats(_overhead(shown)), stats(_overhead(closed))
+    lo, hi = median_ci(_overhead(closed))
+    magic = {"shown": stats(shown["times"]["magic"]), "closed": stats(closed["times"]["magic"])}
+    print(f"  dashboard closed: magic - plain - group.run {fmt_stats(without, 1e3, 'ms')}; magic cell "
+          f"{fmt_stats(magic['closed'], 1e3, 'ms')} (shown: {magic['shown']['median'] * 1e3:.2f} ms)")
+    return Figure("18e", "diagnostic: 18a with the dashboard closed", without["median"] * 1e3, "ms", "info", 2.0,
+                  spread=f"CI {lo * 1e3:.2f}..{hi * 1e3:.2f} ms, n={closed['rounds']}",
+                  note=f"shown {with_dash['median'] * 1e3:.2f} ms; magic cell closed "
+                       f"{magic['closed']['median'] * 1e3:.1f} vs shown {magic['shown']['median'] * 1e3:.1f} ms",
+                  detail=magic)
+
+
 def run(quick: bool = False) -> List[Figure]:
     """Start a kernel and its group, measure, stop them."""
     rounds, warmup = (30, 5) if quick else (ROUNDS, WARMUP)
@@ -206,7 +227,10 @@ def run(quick: bool = False) -> List[Figure]:
         if not any(WIDGET in d for d in started["displays"]):
             raise RuntimeError("the first %%distributed cell showed no dashboard widget")
         kernel.ok(SETUP)
-        return figures(measure(kernel, rounds, warmup))
+        shown = measure(kernel, rounds, warmup)
+        kernel.ok("_d.close()\n_floor.clear()\n_runs.clear()")
+        closed = measure(kernel, rounds // 2, warmup)
+        return figures(shown) + [closed_figure(shown, closed)]
     finally:
         kernel.close()
         shutil.rmtree(folder, ignore_errors=True)
