@@ -180,9 +180,10 @@ AB_BLOCKS = 20
 AB_CALLS = 1000
 
 
-def _report_ab(blocks: int = AB_BLOCKS, calls: int = AB_CALLS) -> Dict[str, List[float]]:
-    """(Worker side) us per ``raytrain_nb.report({...})`` call in blocks of ``calls``, the variants alternating
-    (their order rotating) on this worker's session, only its ``on_report`` hook swapped:
+def _report_ab(blocks: int = AB_BLOCKS, calls: int = AB_CALLS) -> Dict[str, Dict[str, List[float]]]:
+    """(Worker side) us per ``raytrain_nb.report({...})`` call in blocks of ``calls``, wall time (``"wall"``)
+    and the calling thread's CPU time (``"cpu"``: not counting time other processes had the core), the variants
+    alternating (their order rotating) on this worker's session, only its ``on_report`` hook swapped:
 
     - ``ledger``: the worker's own hook (as shipped: the ledger's append, then the snapshot check);
     - ``pre-ledger``: what the hook did before the ledger was added: the snapshot check under its lock;
@@ -217,17 +218,18 @@ def _report_ab(blocks: int = AB_BLOCKS, calls: int = AB_CALLS) -> Dict[str, List
         pre_ledger(index)
 
     hooks = {"ledger": session.on_report, "pre-ledger": pre_ledger, "ledger, os.write": ledger_os_write}
-    out: Dict[str, List[float]] = {name: [] for name in hooks}
+    out: Dict[str, Dict[str, List[float]]] = {clock: {name: [] for name in hooks} for clock in ("wall", "cpu")}
     order = list(hooks)
     try:
         for block in range(blocks + 1):  # block 0 warms up
             for name in order[block % len(order):] + order[:block % len(order)]:
                 session.on_report = hooks[name]
-                t0 = _time.perf_counter()
+                t0, c0 = _time.perf_counter(), _time.thread_time()
                 for i in range(calls):
                     train.report({"loss": 0.5, "step": i})
                 if block:
-                    out[name].append(1e6 * (_time.perf_counter() - t0) / calls)
+                    out["wall"][name].append(1e6 * (_time.perf_counter() - t0) / calls)
+                    out["cpu"][name].append(1e6 * (_time.thread_time() - c0) / calls)
     finally:
         session.on_report = hooks["ledger"]
         _os.close(fd)
@@ -238,28 +240,32 @@ def _report_ab(blocks: int = AB_BLOCKS, calls: int = AB_CALLS) -> Dict[str, List
 def report_ab_figures(group: Any, blocks: int = AB_BLOCKS, calls: int = AB_CALLS) -> List[Figure]:
     """Figure 4d: report()'s cost with the ledger over the pre-ledger path, A/B in the same workers (each
     block paired with the pre-ledger block of the same round on the same rank), and 4e: the same for the
-    ledger as first written. The pre-ledger variant runs today's ``WorkerSession.report``, faster than the
-    one of that time, so 4d overstates what the ledger adds to the figure before it."""
+    ledger as first written; 4f/4g the same in the thread's CPU time (steadier where other work shares
+    the machine: wall time then counts the time the rank waited for a core). The pre-ledger variant runs
+    today's ``WorkerSession.report``, faster than the one of that time, so 4d overstates what the ledger
+    adds to the figure before it."""
     per_rank = group.execute(_report_ab, blocks, calls)
-    pooled: Dict[str, List[float]] = {}
-    for rank, samples in enumerate(per_rank):
-        for name, xs in samples.items():
-            pooled.setdefault(name, []).extend(xs)
-            print(f"  rank {rank} report() us per call, {name:17s}: {fmt_stats(stats(xs), digits=2)}")
     figs = []
-    for key, name, target, info in (("4d", "ledger", 3.0, False), ("4e", "ledger, os.write", 3.0, True)):
-        diff = [a - b for a, b in zip(pooled[name], pooled["pre-ledger"])]
-        s, (lo, hi) = stats(diff), median_ci(diff)
-        print(f"  report() {name} minus pre-ledger, us per call: {fmt_stats(s, digits=2)}; 95% CI of median "
-              f"{lo:.2f}-{hi:.2f}")
-        figs.append(Figure(
-            key, f"{'diagnostic: ' if info else ''}report() us over the pre-ledger path ({name})", s["median"], "us",
-            "info" if info else "<", target,
-            spread=(f"95% CI of median {lo:.2f}-{hi:.2f}, IQR {s['q1']:.2f}-{s['q3']:.2f}, "
-                    f"min-max {s['min']:.2f}-{s['max']:.2f}, n={s['n']} blocks of {calls}"),
-            note=(f"{stats(pooled[name])['median']:.2f} vs pre-ledger {stats(pooled['pre-ledger'])['median']:.2f} "
-                  "us per call, A/B interleaved on the same workers"),
-            detail={"diff": s, "ci95": [lo, hi], "variants": {n: stats(xs) for n, xs in pooled.items()}}))
+    for clock, key_ledger, key_old in (("wall", "4d", "4e"), ("cpu", "4f", "4g")):
+        pooled: Dict[str, List[float]] = {}
+        for rank, samples in enumerate(per_rank):
+            for name, xs in samples[clock].items():
+                pooled.setdefault(name, []).extend(xs)
+                print(f"  rank {rank} report() us per call ({clock}), {name:17s}: {fmt_stats(stats(xs), digits=2)}")
+        for key, name in ((key_ledger, "ledger"), (key_old, "ledger, os.write")):
+            info = clock == "cpu" or name != "ledger"
+            diff = [a - b for a, b in zip(pooled[name], pooled["pre-ledger"])]
+            s, (lo, hi) = stats(diff), median_ci(diff)
+            print(f"  report() {name} minus pre-ledger, us per call ({clock} time): {fmt_stats(s, digits=2)}; "
+                  f"95% CI of median {lo:.2f}-{hi:.2f}")
+            figs.append(Figure(
+                key, f"{'diagnostic: ' if info else ''}report() us over pre-ledger ({name}; {clock})", s["median"],
+                "us", "info" if info else "<", 3.0,
+                spread=(f"95% CI of median {lo:.2f}-{hi:.2f}, IQR {s['q1']:.2f}-{s['q3']:.2f}, "
+                        f"min-max {s['min']:.2f}-{s['max']:.2f}, n={s['n']} blocks of {calls}"),
+                note=(f"{stats(pooled[name])['median']:.2f} vs pre-ledger {stats(pooled['pre-ledger'])['median']:.2f} "
+                      f"us per call ({clock}), A/B interleaved on the same workers"),
+                detail={"diff": s, "ci95": [lo, hi], "variants": {n: stats(xs) for n, xs in pooled.items()}}))
     return figs
 
 
