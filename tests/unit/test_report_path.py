@@ -107,7 +107,7 @@ class _Spinner:
 
 def _python_ran_during_a_blocked_write(write) -> bool:
     """Whether another Python thread ran while ``write(fd, data)`` was blocked on a full pipe, which another
-    process drains 0.3 s later. A thread that keeps the GIL in the call lets the other one run only around it
+    process drains 1 s later. A thread that keeps the GIL in the call lets the other one run only around it
     (one switch interval, 5 ms, before or after): never in the middle of the block."""
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
@@ -117,7 +117,7 @@ def _python_ran_during_a_blocked_write(write) -> bool:
     except BlockingIOError:
         pass
     os.set_blocking(write_end, True)
-    drainer = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(0.3); sys.stdin.buffer.read()"],
+    drainer = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(1.0); sys.stdin.buffer.read()"],
                                stdin=read_end)
     os.close(read_end)
     spinner = _Spinner()
