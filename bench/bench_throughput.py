@@ -12,6 +12,7 @@ import socket
 import time
 from typing import Any, Dict, Iterable, List
 
+from bench_report import pre_ledger_hook, report_ab_figures, report_cost
 from common import Figure, alternate, fmt_stats, median_ci, ray_session_pids, section, stats
 from workload import baseline_child, loop_cell
 
@@ -142,131 +143,13 @@ def _slow_poll_run(group: Any, source: str, roles: Dict[int, str], interval: flo
 SLOW_POLL_S = 1.0
 
 
-def _report_cost(calls: int = 5000) -> Dict[str, float]:
-    """(Worker side) seconds per ``raytrain_nb.report({...})`` call, the call alone, and the garbage
-    collections that ran in that window (``gc_s``: their seconds, ``full``: how many were of the oldest
-    generation).
-
-    Garbage the earlier cells left is collected first: a full collection of a worker's heap (torch's
-    ~350k objects: 0.3 s on a loaded 2-core machine) falls due after enough objects outlive two younger
-    collections, whatever allocates last; billed to these 5000 calls it read as ~80 us a call."""
-    import gc
-    import time as _time
-
-    import raytrain_nb as train
-
-    gc.collect()
-    spent = {"gc_s": 0.0, "full": 0, "t": 0.0}
-
-    def timed(phase: str, info: Dict[str, Any]) -> None:
-        if phase == "start":
-            spent["t"] = _time.perf_counter()
-        else:
-            spent["gc_s"] += _time.perf_counter() - spent["t"]
-            spent["full"] += info["generation"] == 2
-
-    gc.callbacks.append(timed)
+def _pre_ledger_run(group: Any, source: str, roles: Dict[int, str]) -> Dict[str, Any]:
+    """A group run of ``source`` with every rank's report() hook as it was before the ledger (diagnostic)."""
+    group.execute(pre_ledger_hook, True)
     try:
-        t0 = _time.perf_counter()
-        for i in range(calls):
-            train.report({"loss": 0.5, "step": i})
-        per_call = (_time.perf_counter() - t0) / calls
+        return _group_run(group, source, roles)
     finally:
-        gc.callbacks.remove(timed)
-    return {"per_call": per_call, "gc_s": spent["gc_s"], "full": spent["full"]}
-
-
-AB_BLOCKS = 20
-AB_CALLS = 1000
-
-
-def _report_ab(blocks: int = AB_BLOCKS, calls: int = AB_CALLS) -> Dict[str, Dict[str, List[float]]]:
-    """(Worker side) us per ``raytrain_nb.report({...})`` call in blocks of ``calls``, wall time (``"wall"``)
-    and the calling thread's CPU time (``"cpu"``: not counting time other processes had the core), the variants
-    alternating (their order rotating) on this worker's session, only its ``on_report`` hook swapped:
-
-    - ``ledger``: the worker's own hook (as shipped: the ledger's append, then the snapshot check);
-    - ``pre-ledger``: what the hook did before the ledger was added: the snapshot check under its lock;
-    - ``ledger, os.write``: the ledger as it was first written: the name formatted again and parsed back,
-      ``os.write`` (which lets the GIL go) of the line to an O_APPEND file, the snapshot check under its lock.
-
-    The driver drains the records on its poll meanwhile, as in training."""
-    import os as _os
-    import tempfile
-    import threading
-    import time as _time
-
-    import raytrain_nb as train
-    from raytrain_nb._internal.checkpoint import reported
-    from raytrain_nb._internal.worker.session import current_session
-
-    session = current_session()
-    lock = threading.Lock()
-    request: List[Any] = [None]
-
-    def pre_ledger(index: int) -> None:
-        with lock:
-            _, request[0] = request[0], None
-
-    fd, path = tempfile.mkstemp(prefix="rtnb-ab-ledger-")
-    _os.close(fd)
-    fd = _os.open(path, _os.O_WRONLY | _os.O_APPEND)
-
-    def ledger_os_write(index: int) -> None:
-        parsed = reported.report_index(session.report_name(index))
-        _os.write(fd, f"{parsed}\n".encode())
-        pre_ledger(index)
-
-    hooks = {"ledger": session.on_report, "pre-ledger": pre_ledger, "ledger, os.write": ledger_os_write}
-    out: Dict[str, Dict[str, List[float]]] = {clock: {name: [] for name in hooks} for clock in ("wall", "cpu")}
-    order = list(hooks)
-    try:
-        for block in range(blocks + 1):  # block 0 warms up
-            for name in order[block % len(order):] + order[:block % len(order)]:
-                session.on_report = hooks[name]
-                t0, c0 = _time.perf_counter(), _time.thread_time()
-                for i in range(calls):
-                    train.report({"loss": 0.5, "step": i})
-                if block:
-                    out["wall"][name].append(1e6 * (_time.perf_counter() - t0) / calls)
-                    out["cpu"][name].append(1e6 * (_time.thread_time() - c0) / calls)
-    finally:
-        session.on_report = hooks["ledger"]
-        _os.close(fd)
-        _os.unlink(path)
-    return out
-
-
-def report_ab_figures(group: Any, blocks: int = AB_BLOCKS, calls: int = AB_CALLS) -> List[Figure]:
-    """Figure 4d: report()'s cost with the ledger over the pre-ledger path, A/B in the same workers (each
-    block paired with the pre-ledger block of the same round on the same rank), and 4e: the same for the
-    ledger as first written; 4f/4g the same in the thread's CPU time (steadier where other work shares
-    the machine: wall time then counts the time the rank waited for a core). The pre-ledger variant runs
-    today's ``WorkerSession.report``, faster than the one of that time, so 4d overstates what the ledger
-    adds to the figure before it."""
-    per_rank = group.execute(_report_ab, blocks, calls)
-    figs = []
-    for clock, key_ledger, key_old in (("wall", "4d", "4e"), ("cpu", "4f", "4g")):
-        pooled: Dict[str, List[float]] = {}
-        for rank, samples in enumerate(per_rank):
-            for name, xs in samples[clock].items():
-                pooled.setdefault(name, []).extend(xs)
-                print(f"  rank {rank} report() us per call ({clock}), {name:17s}: {fmt_stats(stats(xs), digits=2)}")
-        for key, name in ((key_ledger, "ledger"), (key_old, "ledger, os.write")):
-            info = clock == "cpu" or name != "ledger"
-            diff = [a - b for a, b in zip(pooled[name], pooled["pre-ledger"])]
-            s, (lo, hi) = stats(diff), median_ci(diff)
-            print(f"  report() {name} minus pre-ledger, us per call ({clock} time): {fmt_stats(s, digits=2)}; "
-                  f"95% CI of median {lo:.2f}-{hi:.2f}")
-            figs.append(Figure(
-                key, f"{'diagnostic: ' if info else ''}report() us over pre-ledger ({name}; {clock})", s["median"],
-                "us", "info" if info else "<", 3.0,
-                spread=(f"95% CI of median {lo:.2f}-{hi:.2f}, IQR {s['q1']:.2f}-{s['q3']:.2f}, "
-                        f"min-max {s['min']:.2f}-{s['max']:.2f}, n={s['n']} blocks of {calls}"),
-                note=(f"{stats(pooled[name])['median']:.2f} vs pre-ledger {stats(pooled['pre-ledger'])['median']:.2f} "
-                      f"us per call ({clock}), A/B interleaved on the same workers"),
-                detail={"diff": s, "ci95": [lo, hi], "variants": {n: stats(xs) for n, xs in pooled.items()}}))
-    return figs
+        group.execute(pre_ledger_hook, False)
 
 
 def run(group: Any, steps: int = STEPS, rounds: int = ROUNDS) -> List[Figure]:
@@ -284,6 +167,7 @@ def run(group: Any, steps: int = STEPS, rounds: int = ROUNDS) -> List[Figure]:
         "group": lambda: _group_run(group, plain_cell, roles),
         "torch": lambda: baseline.run(plain_cell),
         "group+report": lambda: _group_run(group, report_cell, roles),
+        "group+report@pre-ledger": lambda: _pre_ledger_run(group, report_cell, roles),
     }
     if niced is not None:
         variants["torch@nice"] = lambda: niced.run(plain_cell)
@@ -300,7 +184,7 @@ def run(group: Any, steps: int = STEPS, rounds: int = ROUNDS) -> List[Figure]:
         if niced is not None:
             niced.close()
     reports = sum(len(h) for h in group.metrics_history.values()) - reports_before
-    expected = (rounds + 1) * steps * group.num_workers  # report cells only
+    expected = 2 * (rounds + 1) * steps * group.num_workers  # the report cells, with and without the ledger
     assert reports == expected, f"report() records reaching the driver: {reports}, expected {expected}"
 
     rate: Dict[str, Dict[str, Dict[str, float]]] = {}
@@ -369,7 +253,7 @@ def run(group: Any, steps: int = STEPS, rounds: int = ROUNDS) -> List[Figure]:
             "3f", f"diagnostic: group poll 0.1 s / poll {SLOW_POLL_S:g} s (loop)", 0.97, r,
             f"{rate['group']['loop']['median']:.0f} vs {rate['group@poll1s']['loop']['median']:.0f} steps/s",
             {"ratio": r, "slow_poll": rate["group@poll1s"]["loop"]}, info=True))
-    costs = group.execute(_report_cost)
+    costs = group.execute(report_cost)
     per_call = max(c["per_call"] for c in costs)
     print("  garbage collections while report() was timed: " + ", ".join(
         f"rank {r} {1e3 * c['gc_s']:.1f} ms ({c['full']} full)" for r, c in enumerate(costs)))
@@ -389,4 +273,10 @@ def run(group: Any, steps: int = STEPS, rounds: int = ROUNDS) -> List[Figure]:
             f"{rate['group+report'][kind]['median']:.0f} vs {rate['group'][kind]['median']:.0f} steps/s",
             {"ratio": r, "report": rate["group+report"][kind], "never": rate["group"][kind],
              "records_received": reports, "best_over_best": best("group+report", "group", kind)}))
+    r = ratio("group+report", "group+report@pre-ledger", "loop")
+    print(f"  ratio report-every-step with the ledger/without (worker-side loop): {fmt_stats(r, digits=3)}")
+    figs.append(_ratio_figure(
+        "4h", "diagnostic: steps/s reporting every step, ledger/pre-ledger hook (loop)", 0.99, r,
+        f"{rate['group+report']['loop']['median']:.0f} vs {rate['group+report@pre-ledger']['loop']['median']:.0f} "
+        "steps/s", {"ratio": r}, info=True))
     return figs + report_ab_figures(group)
