@@ -156,9 +156,5 @@ class Formation:
                 self.core.replay_failures.append(line)
 
     def reform(self) -> None:
-        """Form the process group again over the same workers (after an interrupt or a broken collective). A rank
-        whose last cell raised stays ``failed`` (with its error): re-forming does not undo what its cell did."""
-        failed = [(slot, slot.error) for slot in self.core.slots if slot.state == SlotState.FAILED]
+        """Form the process group again over the same workers (after an interrupt or a broken collective)."""
         self.rendezvous("join")
-        for slot, error in failed:
-            slot.mark(SlotState.FAILED, error)
