@@ -20,7 +20,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Dict, List
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 if BENCH_DIR not in sys.path:

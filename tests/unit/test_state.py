@@ -143,3 +143,16 @@ def test_slot_table_tells_live_and_gone_ranks():
     assert [s.actor for s in table.everyone()] == ["a0", "b", "a2", "spare"]
     assert table.take_spare().actor == "spare" and table.take_spare() is None
     assert slots[1].error == "killed" and slots[1].place == ("pg", 1)
+
+
+def test_a_place_that_does_not_come_back_is_named_with_the_deadline(monkeypatch):
+    """A restart whose dead rank's node left the cluster: the AwaitPlaces step fails with the fix, not a crash."""
+    from raytrain_nb._internal.group import executor
+    from raytrain_nb._internal.group.plans import AwaitPlaces, plan_recovery
+
+    core = _core(S.FAILED, workers=2)
+    monkeypatch.setattr(executor, "await_bundles", lambda places, timeout_s: False)
+    run = executor.Execution(core, None, plan_recovery(core.kind, "restart", live=[0], gone=[1]))
+    with pytest.raises(GroupError, match=r"the place of rank\(s\) 1 is gone .* within 1 s: continue with fewer "
+                                         r"workers \(%dist_rescale N"):
+        run.do_awaitplaces(AwaitPlaces((1,)))

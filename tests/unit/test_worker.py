@@ -135,7 +135,8 @@ def test_a_cell_run_again_reuses_its_code_under_its_own_name():
     hits = cell._compiled.cache_info().hits
     assert cell.compile_cell(source, "<cell-3>") and cell._compiled.cache_info().hits == hits + 1
     (body1, tail1), (body2, tail2) = first, again
-    assert body1.co_filename == "<cell-1>" and body2.co_filename == "<cell-2>" and tail2.co_filename == "<cell-2>"
+    assert body1.co_filename == tail1.co_filename == "<cell-1>"
+    assert body2.co_filename == tail2.co_filename == "<cell-2>"
     nested = [c for c in body2.co_consts if hasattr(c, "co_filename")]
     assert nested and all(c.co_filename == "<cell-2>" for c in nested)  # f's frames name this cell
     worker = Worker(capture=False)

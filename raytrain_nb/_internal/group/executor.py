@@ -144,11 +144,11 @@ class Execution:
         if not await_bundles([core.slots[r].place for r in step.ranks], core.settings.placement_timeout_s):
             names = ", ".join(str(r) for r in step.ranks)
             raise GroupError(f"the place of rank(s) {names} is gone (its node left the cluster) and no node took it "
-                             f"within {group.settings.placement_timeout_s:g} s: continue with fewer workers "
+                             f"within {core.settings.placement_timeout_s:g} s: continue with fewer workers "
                              "(%dist_rescale N, group.rescale(n)), or add a node and restart again")
 
     def do_spawn(self, step: Spawn) -> None:
-        core, slots = self.core, self.core.slots
+        slots = self.core.slots
         if self.plan.in_place:
             for r in step.ranks:
                 spare = slots.take_spare()  # a standby worker, started and with torch imported
