@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test demo bench soak binder-check badges clean
+.PHONY: venv test tutorials demo bench soak binder-check badges clean
 
 # uv installs the same pins as pip in about a third of the time (parallel downloads and unpacking), compiling
 # bytecode as pip does; it reads no pip configuration, so pip's find-links (the local CPU torch wheel) are passed
@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
-# The whole suite, the tutorial notebooks (tests/notebook/test_tutorials.py) included, in one pytest, in order. The
-# tutorials run two at a time (each a kernel told one CPU) with nothing else of the suite beside them.
+# The whole suite in one pytest, in order. The tutorial notebooks are not run here: CI's Binder check runs every one
+# of them as Binder installs them (make binder-check); `make tutorials` runs them in this venv, two at a time (each
+# a kernel told one CPU).
 # LANES=2 runs it in two lanes instead (pytest-xdist workers, a module's tests in one lane; tests/lanes.py: a test
 # marked `exclusive` runs with the other lane waiting). Not the default: it was 6-12 % faster on a slower machine and
 # 15 % on a faster one (802 s against 945 s), and it fails where a test meets the other lane's load: one run in three
@@ -26,6 +27,9 @@ venv: $(STAMP)
 LANES ?= 1
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider $(if $(filter-out 1,$(LANES)),-n $(LANES) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
+
+tutorials: $(STAMP)
+	RAYTRAIN_NB_TUTORIALS=1 $(PY) -m pytest -q -p no:cacheprovider tests/notebook/test_tutorials.py $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(PY) -m raytrain_nb.demo notebooks/01_quickstart.ipynb
