@@ -1,5 +1,6 @@
 """Checkpoint figures (issue 3): save and restore of a ~100 MB state on 2 workers vs bare torch.save /
-torch.load of the same state to the same disk, and how long an ``--async`` save blocks the cell.
+torch.load of the same state to the same disk, and how long an ``--async`` save blocks the notebook (the call and
+a cell run at once after it, which waits for the save's copy of the state).
 
 Run alone (``python bench/bench_checkpoint.py``) or from ``run_all.py``; returns :class:`Figure` rows.
 """
@@ -78,13 +79,16 @@ def run(rounds: int = 7) -> List[Figure]:
 
         loads = alternate({"ours": ours_load, "bare": bare_load}, rounds=rounds)
 
+        # Each mode is timed with a no-op cell run at once after it: an --async save returns before its copy is
+        # taken (the copy is the workers' next call), so a cell that follows at once waits for the copy
         def blocking() -> float:
             n["i"] += 1
-            return timed(lambda: g.checkpoint(name=f"s{n['i']}"))
+            return timed(lambda: g.checkpoint(name=f"s{n['i']}")) + timed(lambda: g.run("pass", sink=quiet))
 
         def background() -> float:
             n["i"] += 1
             took = timed(lambda: g.checkpoint(name=f"a{n['i']}", blocking=False))
+            took += timed(lambda: g.run("pass", sink=quiet))
             g.checkpoints()  # wait for the write before the next round
             return took
 
@@ -105,7 +109,7 @@ def run(rounds: int = 7) -> List[Figure]:
                "<", 1.3, spread=f"ours {s_o['median'] * 1e3:.0f} ms, bare {s_b['median'] * 1e3:.0f} ms"),
         Figure("c2", "rollback vs bare torch.load", l_o["median"] / l_b["median"], "x", "<", 1.3,
                spread=f"ours {l_o['median'] * 1e3:.0f} ms, bare {l_b['median'] * 1e3:.0f} ms"),
-        Figure("c3", "--async save blocks the cell, vs blocking save", 100 * m_a["median"] / m_b["median"], "%",
+        Figure("c3", "--async save + the next cell, vs blocking save + the next cell", 100 * m_a["median"] / m_b["median"], "%",
                "<", 20.0, spread=f"async {m_a['median'] * 1e3:.0f} ms, blocking {m_b['median'] * 1e3:.0f} ms"),
     ]
 

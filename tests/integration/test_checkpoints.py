@@ -81,6 +81,14 @@ def test_async_save_writes_the_state_at_the_call(group):
     assert group.checkpoint(name="async-one", blocking=False) is None
     quiet(group, TRAIN.format(n=5))  # trains while the snapshot is written
     assert "async-one" in [e.name for e in group.checkpoints()]
+    second = state_by_rank(group)
+    assert not all(same_state(r, b) for r, b in zip(second, before))
+    # the second copy goes into the first one's buffers, once that one is written: it holds its own call's state
+    assert group.checkpoint(name="async-two", blocking=False) is None
+    quiet(group, TRAIN.format(n=5))
+    assert "async-two" in [e.name for e in group.checkpoints()]
+    group.rollback("async-two")
+    assert all(same_state(r, b) for r, b in zip(state_by_rank(group), second))
     group.rollback("async-one")
     assert all(same_state(r, b) for r, b in zip(state_by_rank(group), before))
 
@@ -203,6 +211,10 @@ def test_optimizer_of_an_unnamed_model_is_refused(group):
     quiet(group, "orphan = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)")
     with pytest.raises(GroupError, match=r"optimizer 'orphan' optimizes parameters of no model"):
         group.checkpoint(name="orphaned")
+    with pytest.raises(GroupError, match=r"optimizer 'orphan' optimizes parameters of no model"):
+        group.checkpoint(name="orphaned", blocking=False)  # at the call, though the copy is taken after it
+    with pytest.raises(GroupError, match=r"--vars names variable\(s\) nope that do not exist"):
+        group.checkpoint(name="orphaned", vars=["nope"], blocking=False)
     quiet(group, "del orphan")
     assert "orphaned" not in [e.name for e in group.checkpoints()]
 

@@ -12,6 +12,8 @@ from ..checkpoint.staging import StagedDir
 from ..checkpoint.storage_check import read_marker
 from ..errors import CheckpointError
 from . import snapshot_io
+from .copy_pool import CopyPool
+from .snapshot import check_capturable, tensors_of
 from .session import get_context
 
 logger = logging.getLogger(__name__)
@@ -33,6 +35,7 @@ class CheckpointingWorker:
         self._snap_lock = threading.Lock()
         self._snap_future: Optional["concurrent.futures.Future[Dict[str, Any]]"] = None
         self._snap_request: Optional[tuple] = None
+        self._copy_pool = CopyPool()  # the last background snapshot's buffers, for the next one's copy
 
     def _attach_session(self) -> None:
         """Point the session's report/get_checkpoint at this worker's storage."""
@@ -73,30 +76,44 @@ class CheckpointingWorker:
     # -- snapshots ---------------------------------------------------------------------------
 
     def snapshot(self, staged: StagedDir, var_names: Sequence[str], background: bool) -> Dict[str, Any]:
-        """Snapshot now (between cells). With ``background``, copy now and write in a thread."""
-        return self._cells.call(self._snapshot, staged, tuple(var_names), background)
-
-    def _snapshot(self, staged: StagedDir, var_names: Sequence[str], background: bool) -> Dict[str, Any]:
-        world = self.session.context.world_size if self.session is not None else 1
-        # Between cells nothing changes the state before it is written, unless it is written later.
-        taken = snapshot_io.take(self.namespace, self.rank, world, var_names, copy=background)
+        """Snapshot now (between cells). With ``background``, return at once: the copy is the next call of the
+        cell thread (so no cell runs before it is taken) and the write a thread of its own."""
+        if not background:
+            return self._cells.call(self._snapshot, staged, tuple(var_names))
+        # what the copy would raise, the user sees now, not after the next cell
+        check_capturable(self.namespace, var_names, shared=self.rank == 0)
         fut: "concurrent.futures.Future[Dict[str, Any]]" = concurrent.futures.Future()
         with self._snap_lock:
             self._snap_future = fut
-
-        def write() -> None:
-            try:
-                snapshot_io.write(taken, staged)
-                fut.set_result({"rank": self.rank})
-            except BaseException as exc:  # noqa: BLE001 - handed to snapshot_wait
-                fut.set_exception(exc)
-
-        if background:
-            threading.Thread(target=write, name="rtnb-snapshot", daemon=True).start()
-        else:
-            write()
-            fut.result()
+        self._cells.submit(self._take_in_background, staged, tuple(var_names), fut)
         return {"rank": self.rank}
+
+    def _snapshot(self, staged: StagedDir, var_names: Sequence[str]) -> Dict[str, Any]:
+        world = self.session.context.world_size if self.session is not None else 1
+        # Between cells nothing changes the state before it is written: no copy
+        snapshot_io.write(snapshot_io.take(self.namespace, self.rank, world, var_names, copy=False), staged)
+        return {"rank": self.rank}
+
+    def _take_in_background(self, staged: StagedDir, var_names: Sequence[str],
+                            fut: "concurrent.futures.Future[Dict[str, Any]]") -> None:
+        """On the cell thread: copy the state now (into the pool's buffers), write it in a thread."""
+        try:
+            world = self.session.context.world_size if self.session is not None else 1
+            taken = snapshot_io.take(self.namespace, self.rank, world, var_names, pool=self._copy_pool)
+        except BaseException as exc:  # noqa: BLE001 - handed to snapshot_wait
+            fut.set_exception(exc)
+            return
+        threading.Thread(target=self._write, args=(taken, staged, fut), name="rtnb-snapshot", daemon=True).start()
+
+    def _write(self, taken: Dict[str, Any], staged: StagedDir,
+               fut: "concurrent.futures.Future[Dict[str, Any]]") -> None:
+        """Write a taken copy; once written, its buffers are the spares the next copy goes into."""
+        try:
+            snapshot_io.write(taken, staged)
+            self._copy_pool.refill(tensors_of(taken["replicated"]))
+            fut.set_result({"rank": self.rank})
+        except BaseException as exc:  # noqa: BLE001 - handed to snapshot_wait
+            fut.set_exception(exc)
 
     def request_snapshot(self, staged: StagedDir, var_names: Sequence[str]) -> None:
         """Snapshot at the next ``report()`` of the running cell (a step boundary), or when it ends."""
@@ -126,21 +143,7 @@ class CheckpointingWorker:
         if request is None or fut is None:
             return
         staged, var_names = request
-        try:
-            world = self.session.context.world_size if self.session is not None else 1
-            taken = snapshot_io.take(self.namespace, self.rank, world, var_names)
-        except BaseException as exc:  # noqa: BLE001
-            fut.set_exception(exc)
-            return
-
-        def write() -> None:
-            try:
-                snapshot_io.write(taken, staged)
-                fut.set_result({"rank": self.rank})
-            except BaseException as exc:  # noqa: BLE001
-                fut.set_exception(exc)
-
-        threading.Thread(target=write, name="rtnb-snapshot", daemon=True).start()
+        self._take_in_background(staged, var_names, fut)  # on the training thread, paused in report()
 
     def snapshot_wait(self, timeout: Optional[float] = None) -> Dict[str, Any]:
         """Wait for this rank's snapshot files to be written (re-raises a write error)."""

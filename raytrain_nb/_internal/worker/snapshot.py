@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..errors import SnapshotError
 from . import keras_models
 from .boosters import is_booster, load_into, model_bytes
+from .copy_pool import CopyPool
 from .walk import walk
 
 _PLAIN = (int, float, str, bool, type(None), bytes)
@@ -158,48 +159,75 @@ def set_rng_state(state: Dict[str, Any]) -> None:
                      None if math.isnan(gauss) else gauss))
 
 
-def cpu_state(obj: Any, copy: bool = True) -> Any:
-    """A state dict with every tensor on the CPU; with ``copy``, a deep copy (consistent while training goes on)."""
+def cpu_state(obj: Any, copy: bool = True, pool: Optional[CopyPool] = None) -> Any:
+    """A state dict with every tensor on the CPU; with ``copy``, a deep copy (consistent while training goes on),
+    into ``pool``'s spare buffers where it has them."""
     import torch  # torch: loaded on first use, not on import raytrain_nb
 
     if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=copy)
+        return pool.copy(obj) if copy and pool is not None else obj.detach().to("cpu", copy=copy)
     if isinstance(obj, dict):
-        return {k: cpu_state(v, copy) for k, v in obj.items()}
+        return {k: cpu_state(v, copy, pool) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(cpu_state(v, copy) for v in obj)
+        return type(obj)(cpu_state(v, copy, pool) for v in obj)
     return obj
 
 
+def tensors_of(obj: Any) -> List[Any]:
+    """Every tensor in a (nested) state."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in tensors_of(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in tensors_of(v)]
+    return []
+
+
 def capture(namespace: Dict[str, Any], var_names: Sequence[str] = (), copy: bool = True,
-            shared: bool = True) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any]]:
+            shared: bool = True, pool: Optional[CopyPool] = None
+            ) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any]]:
     """The tracked state now: ``(replicated, own, variables)``.
 
     Pass ``copy=False`` when it is written before user code runs again. ``replicated``
     (modules, optimizers, schedulers, scalers) is the same on every rank and written by rank 0;
     ``own`` (RNG states) is this rank's; ``variables`` are the plain variables named by
-    ``var_names``, written apart (rank 0) because only they may need unpickling to load. With
+    ``var_names``, written apart (rank 0) because only they may need unpickling to load. Copies of the
+    replicated state go into ``pool``'s spare buffers where it has them. With
     ``shared=False`` (a rank that does not write them) ``replicated`` and ``variables`` come back empty:
     nothing is copied that is not written.
 
     Raises:
         SnapshotError: a named variable does not exist.
     """
-    missing = [v for v in var_names if v not in namespace]
-    if missing:
-        raise SnapshotError(f"--vars names variable(s) {', '.join(missing)} that do not exist on the workers")
+    _check_vars(namespace, var_names)
     if not shared:
         return {}, {"rng": rng_state()}, {}
     tracked = find_tracked(namespace)
     replicated = {
-        "modules": {n: cpu_state(m.state_dict(), copy) for n, m in tracked.modules.items()},
-        "optimizers": {n: cpu_state(o.state_dict(), copy) for n, o in tracked.optimizers.items()},
+        "modules": {n: cpu_state(m.state_dict(), copy, pool) for n, m in tracked.modules.items()},
+        "optimizers": {n: cpu_state(o.state_dict(), copy, pool) for n, o in tracked.optimizers.items()},
         "schedulers": {n: cpu_state(s.state_dict(), copy) for n, s in tracked.schedulers.items()},
         "scalers": {n: cpu_state(s.state_dict(), copy) for n, s in tracked.scalers.items()},
         "boosters": {n: model_bytes(b) for n, b in tracked.boosters.items()},
         "keras": {n: keras_models.model_state(m) for n, m in tracked.keras.items()},
     }
     return replicated, {"rng": rng_state()}, {n: cpu_state(namespace[n], copy) for n in var_names}
+
+
+def _check_vars(namespace: Dict[str, Any], var_names: Sequence[str]) -> None:
+    missing = [v for v in var_names if v not in namespace]
+    if missing:
+        raise SnapshotError(f"--vars names variable(s) {', '.join(missing)} that do not exist on the workers")
+
+
+def check_capturable(namespace: Dict[str, Any], var_names: Sequence[str], shared: bool) -> None:
+    """Raise now what :func:`capture` would raise (a missing variable; with ``shared``, an optimizer of no
+    tracked model), for a capture that runs later."""
+    _check_vars(namespace, var_names)
+    if shared:
+        find_tracked(namespace)
 
 
 def fingerprint(namespace: Dict[str, Any]) -> Dict[str, str]:

@@ -24,6 +24,7 @@ from typing import Any, Dict, Optional, Sequence
 from ..checkpoint.staging import StagedDir, verify_dir
 from ..checkpoint.storage import is_local, join, resolve, to_url
 from ..errors import CheckpointError
+from .copy_pool import CopyPool
 from .snapshot import capture, changed_since, fingerprint, loads, restore
 
 logger = logging.getLogger(__name__)
@@ -38,10 +39,11 @@ def rank_file(rank: int) -> str:
 
 
 def take(namespace: Dict[str, Any], rank: int, world_size: int, var_names: Sequence[str],
-         copy: bool = True) -> Dict[str, Any]:
-    """The tracked state now; with ``copy``, CPU copies to write later (even while training goes on). The state
-    every rank holds alike is taken (and copied) by rank 0 only, which writes it."""
-    replicated, own, variables = capture(namespace, var_names, copy=copy, shared=rank == 0)
+         copy: bool = True, pool: Optional[CopyPool] = None) -> Dict[str, Any]:
+    """The tracked state now; with ``copy``, CPU copies to write later (even while training goes on), into
+    ``pool``'s spare buffers where it has them. The state every rank holds alike is taken (and copied) by rank 0
+    only, which writes it."""
+    replicated, own, variables = capture(namespace, var_names, copy=copy, shared=rank == 0, pool=pool)
     own["fingerprint"] = prints = fingerprint(namespace)  # this rank's, to tell what changed at rollback
     return {"rank": rank, "world_size": world_size, "replicated": replicated if rank == 0 else None,
             "variables": variables if rank == 0 else None, "own": own, "vars": list(var_names),
