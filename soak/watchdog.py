@@ -21,6 +21,7 @@ NAMED_KERNEL_ERRORS = frozenset({
     "RaytrainNbError", "GroupError", "TransitionError", "ResourceError", "WorkerDiedError", "InterruptTimeout",
     "WorkerLostError", "WorkerUnresponsiveError",
     "StorageError", "CheckpointError", "RunInUseError", "ConfigError", "SnapshotError", "TrainingFailedError",
+    "WorkerGroupError", "ControllerError",
     "WorkerError", "RecoveryError", "UsageError",
 })
 

@@ -8,6 +8,7 @@ stack (IPython calls ``_render_traceback_``).
 from __future__ import annotations
 
 import dataclasses
+import pickle
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 #: Error-message fragments of a collective that failed because a peer went away.
@@ -110,33 +111,6 @@ class SnapshotError(RaytrainNbError):
     """The namespace cannot be snapshot or rolled back as asked."""
 
 
-class TrainingFailedError(RaytrainNbError):
-    """``fit()`` failed: the loop raised (or a worker died) more often than ``max_failures`` allowed.
-
-    Attributes:
-        error: the last :class:`WorkerError` (``.failures``: rank, type, message, traceback).
-        worker_failures: rank -> ``"Type: message"`` of the last attempt.
-        result: the :class:`Result` so far (path, metrics, checkpoint), with ``error`` set.
-        failures: how many attempts failed.
-    """
-
-    def __init__(self, message: str, error: Optional[BaseException] = None, failures: int = 0,
-                 result: Optional[Any] = None) -> None:
-        super().__init__(message)
-        self.error = error
-        self.failures = failures
-        self.result = result
-        self.worker_failures: Dict[int, str] = {}
-        if isinstance(error, WorkerError):
-            self.worker_failures = {f.rank: f"{f.type_name}: {f.message}" for f in error.failures}
-
-    def __reduce__(self):
-        return (TrainingFailedError, (self.args[0], self.error, self.failures, self.result))
-
-    def _render_traceback_(self) -> List[str]:  # IPython: the worker's traceback, not our stack
-        return str(self).splitlines()
-
-
 @dataclasses.dataclass
 class RankFailure:
     """What went wrong on one rank, in plain picklable fields.
@@ -150,6 +124,7 @@ class RankFailure:
             peer left (shown only if no rank has a primary error).
         node: the node id or IP of the worker, when known.
         lost: the rank's worker died or stopped answering: the typed death (built on the driver).
+        pickled: the exception itself, pickled on the worker (empty when it did not survive a round trip).
     """
 
     rank: int
@@ -159,6 +134,7 @@ class RankFailure:
     collateral: bool = False
     node: str = ""
     lost: Optional[WorkerLostError] = None
+    pickled: bytes = dataclasses.field(default=b"", repr=False, compare=False)
 
     @classmethod
     def of_lost(cls, error: WorkerLostError) -> "RankFailure":
@@ -168,6 +144,22 @@ class RankFailure:
 
     def key(self) -> Tuple[str, str, str]:
         return (self.type_name, self.message, self.traceback)
+
+    def exception(self) -> BaseException:
+        """The exception the rank raised, typed, with its traceback text as a note (Python 3.11+); a lost
+        worker's :class:`WorkerLostError`; a :class:`WorkerError` of this record when it could not travel."""
+        if self.lost is not None:
+            return self.lost
+        try:
+            exc = pickle.loads(self.pickled) if self.pickled else None
+        except Exception:  # noqa: BLE001 - a class the driver cannot import: the record stands in for it
+            exc = None
+        if not isinstance(exc, BaseException):
+            return WorkerError([self])
+        if self.traceback and hasattr(exc, "add_note"):
+            exc.add_note(f"(raised on rank {self.rank}{f' on node {self.node}' if self.node else ''})\n"
+                         + cut_lines(self.traceback))
+        return exc
 
 
 def is_collective_failure(type_name: str, message: str) -> bool:
@@ -233,6 +225,12 @@ class WorkerError(RaytrainNbError):
         return [f.lost for f in self.failures if f.lost is not None]
 
     @property
+    def exceptions(self) -> Dict[int, BaseException]:
+        """Rank -> the exception it raised (:meth:`RankFailure.exception`), for the ranks whose error is shown."""
+        shown = [f for f in self.failures if not f.collateral] or self.failures
+        return {f.rank: f.exception() for f in sorted(shown, key=lambda f: f.rank)}
+
+    @property
     def type_names(self) -> List[str]:
         return [f.type_name for _, f in merge_failures(self.failures)]
 
@@ -269,8 +267,9 @@ class WorkerError(RaytrainNbError):
         return self._summary()
 
 
-def failure_from_exception(rank: int, exc: BaseException, traceback_text: str, node: str = "") -> RankFailure:
-    """Build a :class:`RankFailure` from a live exception."""
+def failure_from_exception(rank: int, exc: BaseException, traceback_text: str, node: str = "",
+                           pickled: bytes = b"") -> RankFailure:
+    """Build a :class:`RankFailure` from a live exception (``pickled``: the exception, pickled on the worker)."""
     type_name = type(exc).__name__
     message = str(exc)
     return RankFailure(
@@ -280,6 +279,7 @@ def failure_from_exception(rank: int, exc: BaseException, traceback_text: str, n
         traceback=traceback_text,
         collateral=is_collective_failure(type_name, message),
         node=node,
+        pickled=pickled,
     )
 
 

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
+import pickle
 
 import pytest
 import torch
 
-from raytrain_nb import (CheckpointConfig, CSVLoggerCallback, DataParallelTrainer, FailureConfig, JsonLoggerCallback,
-                         Result, RunConfig, ScalingConfig, TrainingFailedError, UserCallback)
+from raytrain_nb import (CheckpointConfig, ControllerError, CSVLoggerCallback, DataParallelTrainer, FailureConfig,
+                         JsonLoggerCallback, Result, RunConfig, ScalingConfig, TrainingFailedError, UserCallback,
+                         WorkerDiedError, WorkerGroupError)
 from raytrain_nb.torch import TorchTrainer
 
 from . import train_loops
@@ -97,21 +99,32 @@ def test_resume_after_a_crash_just_after_a_report(tmp_path, uninterrupted, how):
     assert _steps(result) == list(range(STEPS))  # resumed from step 2's checkpoint: no step repeated or skipped
     starts = sorted({int(s) for s in result.metrics_dataframe["start"]})
     assert starts == [0, 3]
-    kind = "WorkerDiedError" if how == "kill" else "RuntimeError"
-    assert len(cb.errors) == 1 and kind in str(cb.errors[0][1])
+    kind = WorkerDiedError if how == "kill" else RuntimeError
+    assert len(cb.errors) == 1 and list(cb.errors[0]) == [1] and type(cb.errors[0][1]) is kind  # the exception itself
     clean = train_loops.checkpoint_params(uninterrupted[0].checkpoint)
     assert all(torch.equal(a, b) for a, b in zip(train_loops.checkpoint_params(result.checkpoint), clean))
 
 
-def test_no_failures_allowed_raises_with_the_workers_traceback(tmp_path):
+def test_no_failures_allowed_raises_a_worker_group_error_with_each_ranks_exception(tmp_path):
     trainer = DataParallelTrainer(train_loops.raising_loop, scaling_config=ScalingConfig(num_workers=2),
                                   run_config=RunConfig(name="fails", storage_path=str(tmp_path)))
-    with pytest.raises(TrainingFailedError, match=r"Training failed on rank 0, rank 1") as info:
+    with pytest.raises(WorkerGroupError, match=r"^Training failed due to worker errors:\nrank 0, rank 1 failed, "
+                                               r"after 0 restart\(s\) \(FailureConfig\(max_failures=0\)\)") as info:
         trainer.fit()
-    text = str(info.value)
+    error = info.value
+    assert isinstance(error, TrainingFailedError) and not isinstance(error, ControllerError)
+    text = str(error)
     assert "ZeroDivisionError: division by zero" in text and "inner_helper" in text and "return 1 / x" in text
-    assert "max_failures=0" in text and info.value.worker_failures[1].startswith("ZeroDivisionError")
-    assert info.value.result.metrics == {"step": 0} and info.value.result.path == str(tmp_path / "fails")
+    # V2: rank -> the exception object, typed, with the worker's traceback as a note
+    assert sorted(error.worker_failures) == [0, 1]
+    assert all(type(e) is ZeroDivisionError and str(e) == "division by zero" for e in error.worker_failures.values())
+    notes = "\n".join(getattr(error.worker_failures[1], "__notes__", ["inner_helper"]))
+    assert "inner_helper" in notes
+    assert error.result.metrics == {"step": 0} and error.result.path == str(tmp_path / "fails")
+    assert error.result.error is error and error.result.return_value is None
+    back = pickle.loads(pickle.dumps(error))  # with what it holds: the exceptions, the result
+    assert type(back) is WorkerGroupError and str(back) == text
+    assert type(back.worker_failures[0]) is ZeroDivisionError and back.result.metrics == {"step": 0}
 
 
 def test_same_name_resumes_from_the_runs_newest_checkpoint(uninterrupted):

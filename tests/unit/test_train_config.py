@@ -11,7 +11,8 @@ def loop(config):
 
 
 @pytest.mark.parametrize("make,match", [
-    (lambda: ScalingConfig(num_workers=0), r"ScalingConfig\(num_workers=0\): at least 1 worker"),
+    (lambda: ScalingConfig(num_workers=-1), r"ScalingConfig\(num_workers=-1\): pass 1 or more workers, or 0 for "
+                                            r"local mode \(the training function runs in this process\)$"),
     (lambda: ScalingConfig(num_workers=2.5), r"num_workers=2.5\): pass a whole number"),
     (lambda: ScalingConfig(num_workers="2"), r"num_workers='2'\)"),
     (lambda: ScalingConfig(num_workers=(3, 2)), r"num_workers=\(3, 2\)\): an elastic range needs 1 <= min <= max"),

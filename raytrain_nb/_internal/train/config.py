@@ -33,7 +33,8 @@ class ScalingConfig:
     """How many workers, with which resources (Ray Train's ``ScalingConfig``).
 
     Args:
-        num_workers: the number of workers, or ``(min, max)`` for elastic training: start with as
+        num_workers: the number of workers (``0``: local mode, the function runs in the calling process), or
+            ``(min, max)`` for elastic training: start with as
             many as fit (at most ``max``), continue with fewer (not below ``min``) when a worker is
             lost and its resources do not come back, and grow again when they do.
         use_gpu: one GPU per worker (unless ``resources_per_worker`` says otherwise); the torch
@@ -70,8 +71,9 @@ class ScalingConfig:
                 fail("ScalingConfig", "num_workers", n, "an elastic range needs 1 <= min <= max")
         elif not is_int(n):
             fail("ScalingConfig", "num_workers", n, "pass a whole number of workers, or a (min, max) pair")
-        elif n < 1:
-            fail("ScalingConfig", "num_workers", n, "at least 1 worker is needed")
+        elif n < 0:
+            fail("ScalingConfig", "num_workers", n, "pass 1 or more workers, or 0 for local mode (the training "
+                 "function runs in this process)")
         if not isinstance(self.use_gpu, bool):
             fail("ScalingConfig", "use_gpu", self.use_gpu, "pass True or False")
         res = self.resources_per_worker

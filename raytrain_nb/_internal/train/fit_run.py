@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 from .. import cluster, frontend
 from ..checkpoint.metrics_log import read_metrics
 from ..checkpoint.storage import as_fsspec, default_storage_path, is_local, resolve
-from ..errors import (CheckpointError, ConfigError, GroupError, ResourceError, TrainingFailedError, WorkerError,
-                      cut_lines, format_ranks, merge_failures)
+from ..errors import CheckpointError, ConfigError, GroupError, ResourceError, WorkerError, cut_lines, format_ranks, merge_failures
 from ..group.config import GroupConfig
 from ..group.datasets import attach, ensure_fresh
 from ..group import policy
@@ -23,9 +22,10 @@ from ..group.group import WorkerGroup
 from . import elastic
 from .callbacks import CallbackRunner, TrainRunContext
 from .config import RunConfig
+from .failures import ControllerError, TrainingFailedError, WorkerGroupError
 from .progress import ProgressLine, ReportCollector, TrainSink, in_notebook
 from .result import Result
-from .train_loop import run_loop
+from .train_loop import load_return_value, run_loop
 from .trial import check_beside_trial, current_trial
 
 if TYPE_CHECKING:
@@ -74,10 +74,6 @@ def render_failures(exc: WorkerError) -> str:
     return "\n\n".join(parts)
 
 
-def _per_rank(exc: WorkerError) -> Dict[int, BaseException]:
-    return {f.rank: WorkerError([f]) for f in exc.failures}
-
-
 class FitRun:
     """The driver side of one ``trainer.fit()``."""
 
@@ -93,6 +89,8 @@ class FitRun:
         self._last_growth_check = 0.0
         self._seen_checkpoint = False
         self.timings: Dict[str, float] = {}
+        #: what the run was doing, for a ControllerError's message
+        self.phase = "fit() could not start its workers"
         # Inside a Ray Tune trial the group waits for resources as long as the trial lives: Tune decides how
         # many trials run at once (max_concurrent_trials, trial resources), not a deadline.
         self.trial = current_trial()
@@ -190,43 +188,20 @@ class FitRun:
     # -- the run -------------------------------------------------------------------------------
 
     def run(self) -> Result:
+        """Start the group, run attempts until one succeeds, shut the group down.
+
+        Raises:
+            WorkerGroupError: the workers failed more often than ``max_failures`` allows.
+            ControllerError: the run could not start or recover its workers (its ``controller_failure`` says why).
+        """
         started = time.perf_counter()
         cluster.connect()
-        verbose = self.run_config.verbose
-        failures = 0
-        error: Optional[BaseException] = None
         try:
-            group = self._start_group()
-            shown = verbose != 0 and in_notebook() and frontend.show_fit_dashboard(group)
-            self.progress = ProgressLine(enabled=verbose != 0 and not shown, desc=self.t.name)
-            self.collector.listeners = [self.progress.on_report, self._after_report]
-            sink = TrainSink(self.progress)
-            self.timings["startup_s"] = time.perf_counter() - started
-            self.callbacks = CallbackRunner(self.run_config.callbacks or [], TrainRunContext(
-                self.t.name, group.run_storage.url, group.num_workers, self.t.train_loop_config))
-            self.callbacks.setup()
-            while True:
-                group = self.group
-                self._prepare_attempt(group)
-                try:
-                    group.execute(run_loop, self.t.train_loop_per_worker, self.t.train_loop_config,
-                                  self.t.with_config, self.t.resume_from_checkpoint, sink=sink, output="all")
-                    break
-                except WorkerError as exc:
-                    if self._grow_to is not None:
-                        target, self._grow_to = self._grow_to, None
-                        self._recover(exc, target)
-                        continue
-                    if any(f.type_name == "KeyboardInterrupt" for f in exc.failures):
-                        raise KeyboardInterrupt("fit() was interrupted") from None
-                    self.callbacks.after_exception(_per_rank(exc))
-                    failures += 1
-                    limit = self.run_config.max_failures
-                    if limit != -1 and failures > limit:
-                        error = exc
-                        raise self._failed(exc, failures) from None
-                    self._notice(f"attempt {failures} failed:\n{render_failures(exc)}")
-                    self._recover(exc, None, f"restart {failures}/{'unlimited' if limit == -1 else limit}")
+            value = self._attempts(started)
+        except (TrainingFailedError, ConfigError):
+            raise
+        except Exception as exc:  # the run's own machinery failed, not the workers: Ray Train V2's ControllerError
+            raise self._controller_error(exc, None, self.phase) from exc
         finally:
             self.timings["total_s"] = time.perf_counter() - started
             if self.callbacks is not None:
@@ -235,7 +210,43 @@ class FitRun:
                 self.progress.close()
             if self.group is not None:
                 self.group.shutdown()
-        return self._result(error)
+        return self._result(None, load_return_value(value))
+
+    def _attempts(self, started: float) -> Optional[bytes]:
+        """Run attempts until one succeeds; rank 0's pickled return value."""
+        verbose = self.run_config.verbose
+        failures = 0
+        group = self._start_group()
+        self.phase = "fit() failed while its workers ran"
+        shown = verbose != 0 and in_notebook() and frontend.show_fit_dashboard(group)
+        self.progress = ProgressLine(enabled=verbose != 0 and not shown, desc=self.t.name)
+        self.collector.listeners = [self.progress.on_report, self._after_report]
+        sink = TrainSink(self.progress)
+        self.timings["startup_s"] = time.perf_counter() - started
+        self.callbacks = CallbackRunner(self.run_config.callbacks or [], TrainRunContext(
+            self.t.name, group.run_storage.url, group.num_workers, self.t.train_loop_config))
+        self.callbacks.setup()
+        while True:
+            group = self.group
+            self._prepare_attempt(group)
+            try:
+                return group.execute(run_loop, self.t.train_loop_per_worker, self.t.train_loop_config,
+                                     self.t.with_config, self.t.resume_from_checkpoint, sink=sink,
+                                     output="all")[0]
+            except WorkerError as exc:
+                if self._grow_to is not None:
+                    target, self._grow_to = self._grow_to, None
+                    self._recover(exc, target)
+                    continue
+                if any(f.type_name == "KeyboardInterrupt" for f in exc.failures):
+                    raise KeyboardInterrupt("fit() was interrupted") from None
+                self.callbacks.after_exception(exc.exceptions)
+                failures += 1
+                limit = self.run_config.max_failures
+                if limit != -1 and failures > limit:
+                    raise self._failed(exc, failures) from None
+                self._notice(f"attempt {failures} failed:\n{render_failures(exc)}")
+                self._recover(exc, None, f"restart {failures}/{'unlimited' if limit == -1 else limit}", failures)
 
     def _prepare_attempt(self, group: "WorkerGroup") -> None:
 
@@ -246,11 +257,14 @@ class FitRun:
         if self.t.datasets:
             ensure_fresh(group)
 
-    def _recover(self, exc: WorkerError, grow_to: Optional[int], why: str = "") -> None:
+    def _recover(self, exc: WorkerError, grow_to: Optional[int], why: str = "", failures: int = 0) -> None:
         """Decide (or grow to ``grow_to``) and carry it out; a recovery that fails ends the run.
 
         A recovery whose new workers die while starting (their node was lost meanwhile) is decided
         again from the group's state, up to ``RECOVERY_TRIES`` times; missing resources end the run.
+
+        Raises:
+            ControllerError: the recovery failed (its ``controller_failure`` says why; ``error``: ``exc``).
         """
         for attempt in range(1, RECOVERY_TRIES + 1):
             group = self.group
@@ -273,22 +287,30 @@ class FitRun:
                 return
             except GroupError as err:
                 if isinstance(err, ResourceError) or attempt == RECOVERY_TRIES or self.group is None:
-                    error = TrainingFailedError(f"fit() could not recover after a failure: {err}", exc)
-                    error.result = self._result(error)
-                    raise error from err
+                    raise self._controller_error(err, exc, "fit() could not recover after a failure",
+                                                 failures) from err
                 self._notice(f"recovery failed ({err}); deciding again")
                 grow_to, why = None, why or "recovery"
 
-    def _failed(self, exc: WorkerError, failures: int) -> TrainingFailedError:
+    def _failed(self, exc: WorkerError, failures: int) -> WorkerGroupError:
+        """The run's end after too many failures: each rank's exception and traceback, the run so far."""
         limit = self.run_config.max_failures
-        head = (f"Training failed on {', '.join(f'rank {r}' for r in exc.ranks) or 'a worker'}"
-                f" after {failures - 1} restart(s) (FailureConfig(max_failures={limit})); "
-                f"the run is in {self.group.run_storage.url}")
-        error = TrainingFailedError(f"{head}\n\n{render_failures(exc)}", exc, failures)
+        head = (f"{', '.join(f'rank {r}' for r in exc.ranks) or 'a worker'} failed, after {failures - 1} restart(s) "
+                f"(FailureConfig(max_failures={limit})); the run is in {self.group.run_storage.url}")
+        error = WorkerGroupError(f"{head}\n\n{render_failures(exc)}", exc.exceptions)
+        return self._settled(error, exc, failures)
+
+    def _controller_error(self, err: BaseException, exc: Optional[WorkerError], context: str,
+                          failures: int = 0) -> ControllerError:
+        """The run's end because its machinery failed (``err``), after the workers' ``exc`` if any."""
+        return self._settled(ControllerError(err, context), exc, failures)
+
+    def _settled(self, error: Any, exc: Optional[WorkerError], failures: int) -> Any:
+        error.error, error.failures = exc, failures
         error.result = self._result(error)
         return error
 
-    def _result(self, error: Optional[BaseException]) -> Result:
+    def _result(self, error: Optional[BaseException], return_value: Any = None) -> Result:
 
         group = self.group
         if group is None:
@@ -299,4 +321,6 @@ class FitRun:
         except Exception as exc:  # noqa: BLE001 - a result without metrics beats no result
             logger.warning("cannot read %s/metrics.jsonl: %s", url, exc)
             records = []
-        return Result.from_run(url, group.run_storage.manager, records, error)
+        result = Result.from_run(url, group.run_storage.manager, records, error)
+        result.return_value = return_value
+        return result

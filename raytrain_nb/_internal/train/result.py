@@ -1,4 +1,4 @@
-"""``Result`` of ``fit()`` and ``TrainingFailedError``, with Ray Train's fields.
+"""``Result`` of ``fit()``, with Ray Train's fields (V2's ``return_value`` too).
 
 A result is read back from the run directory alone (``Result.from_path``): the checkpoint
 index ``checkpoints.json`` and every reported metric in ``metrics.jsonl``.
@@ -33,29 +33,34 @@ class Result:
     Attributes:
         metrics: the last metrics reported by rank 0 (None if nothing was reported).
         checkpoint: the newest committed checkpoint (None if none was reported).
-        error: the error that ended the run, or None.
-        path: the run directory (local path or URL).
+        error: the error that ended the run (a ``TrainingFailedError``), or None.
+        path: the run directory (local path or URL); None in local mode (``ScalingConfig(num_workers=0)``).
         best_checkpoints: ``(Checkpoint, metrics)`` pairs, best first by
             ``checkpoint_score_attribute`` (newest first without one).
         filesystem: the fsspec filesystem of ``path``.
+        return_value: what the training function returned on rank 0 (None when it returned nothing, or the
+            run failed); it must pickle (rank 0 sends it to the driver).
     """
 
     metrics: Optional[Dict[str, Any]]
     checkpoint: Optional[Checkpoint]
     error: Optional[BaseException]
-    path: str
+    path: Optional[str]
     best_checkpoints: List[Tuple[Checkpoint, Dict[str, Any]]] = dataclasses.field(default_factory=list)
     filesystem: Any = dataclasses.field(default=None, repr=False)
+    return_value: Optional[Any] = None
     _records: Optional[List[Dict[str, Any]]] = dataclasses.field(default=None, repr=False)
 
     @property
     def metrics_dataframe(self) -> Any:
         """Every metric rank 0 reported in the run (with or without a checkpoint), as a pandas
-        DataFrame, one row per report, with a ``timestamp`` column.
+        DataFrame, one row per report, with a ``timestamp`` column; None in local mode (nothing is kept).
 
         Raises:
             ImportError: pandas is not installed (``pip install 'raytrain_nb[data]'``).
         """
+        if self.path is None:
+            return None
         try:
             import pandas as pd  # pandas: optional or heavy, loaded on first use
         except ImportError as exc:

@@ -6,12 +6,16 @@ Nothing here is a separate worker: the same actors, cell thread, ``report`` and
 from __future__ import annotations
 
 import inspect
+import logging
+import pickle
 import sys
 from typing import Any, Callable, Dict, Optional
 
 from ..backend import process_group_state
 from ..errors import ConfigError
 from ..worker import session
+
+logger = logging.getLogger(__name__)
 
 
 def takes_config(fn: Callable[..., Any], what: str = "train_loop_per_worker") -> bool:
@@ -32,9 +36,10 @@ def takes_config(fn: Callable[..., Any], what: str = "train_loop_per_worker") ->
     return len(params) == 1
 
 
-def run_loop(fn: Callable[..., Any], config: Optional[Dict[str, Any]], with_config: bool,
-             resume: Optional[Any]) -> None:
-    """On a worker: run the user's function; ``get_checkpoint()`` falls back to ``resume``.
+def call_loop(fn: Callable[..., Any], config: Optional[Dict[str, Any]], with_config: bool,
+              resume: Optional[Any]) -> Any:
+    """Run the user's function in this process and return what it returns; ``get_checkpoint()`` falls back to
+    ``resume``.
 
     ``resume`` (``resume_from_checkpoint``) is returned by ``get_checkpoint()`` only while the
     run has no committed checkpoint of its own.
@@ -46,13 +51,50 @@ def run_loop(fn: Callable[..., Any], config: Optional[Dict[str, Any]], with_conf
         sess.latest = lambda: (base() if base is not None else None) or resume
     try:
         if with_config:
-            fn(config if config is not None else {})
-        else:
-            fn()
+            return fn(config if config is not None else {})
+        return fn()
     finally:
         if sess is not None:
             sess.latest = base
         _forget_prepared()
+
+
+def run_loop(fn: Callable[..., Any], config: Optional[Dict[str, Any]], with_config: bool,
+             resume: Optional[Any]) -> Optional[bytes]:
+    """On a worker: run the user's function (:func:`call_loop`); rank 0 returns its return value pickled (the
+    driver's ``Result.return_value``), the other ranks ``None``.
+
+    Raises:
+        TypeError: rank 0's return value cannot be pickled (naming its type).
+    """
+    value = call_loop(fn, config, with_config, resume)
+    sess = session.current_session()
+    if value is None or (sess is not None and sess.context.world_rank != 0):
+        return None
+    from ray import cloudpickle  # ray: a worker has it loaded; a class made in the script pickles by value
+
+    try:
+        return cloudpickle.dumps(value)
+    except Exception as exc:  # noqa: BLE001 - named with its cause, as the rank's error
+        raise TypeError(f"the training function returned a {type(value).__name__} that cannot be pickled ({exc}): "
+                        "return something picklable, or None (rank 0's return value goes to the driver as "
+                        "Result.return_value)") from None
+
+
+def load_return_value(payload: Optional[bytes]) -> Any:
+    """On the driver: rank 0's return value from :func:`run_loop`'s bytes (``None`` stays ``None``).
+
+    A value the driver cannot unpickle (a class it cannot import) is logged and given as ``None``: the run
+    itself succeeded.
+    """
+    if payload is None:
+        return None
+    try:
+        return pickle.loads(payload)
+    except Exception as exc:  # noqa: BLE001 - the run succeeded; say why the value is missing
+        logger.warning("Result.return_value is None: rank 0's return value cannot be unpickled here (%s: %s)",
+                       type(exc).__name__, exc)
+        return None
 
 
 def _forget_prepared() -> None:

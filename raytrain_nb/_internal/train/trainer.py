@@ -32,6 +32,7 @@ from ..worker import framework as frameworks
 from .autoinit import install
 from .config import BackendConfig, DataConfig, RunConfig, ScalingConfig, TorchConfig
 from .fit_run import FitRun, storage_path_for
+from .local_mode import LocalRun
 from .train_loop import takes_config
 from .trial import OLD_FORM, current_trial
 
@@ -145,17 +146,22 @@ class DataParallelTrainer:
 
         A worker that raises or dies is handled by ``RunConfig(failure_config=...)``: the group
         is restarted (or resized, for an elastic ``num_workers=(min, max)``) and the function runs
-        again; ``get_checkpoint()`` then returns the newest committed checkpoint.
+        again; ``get_checkpoint()`` then returns the newest committed checkpoint. With
+        ``ScalingConfig(num_workers=0)`` the function runs in this process instead (local mode, see
+        :mod:`.local_mode`), and what it raises propagates as it was raised.
 
         Returns:
-            A :class:`~raytrain_nb.Result`.
+            A :class:`~raytrain_nb.Result` (``error`` is None: a failed run raises); ``return_value`` is
+            what the function returned on rank 0.
 
         Raises:
-            TrainingFailedError: the function failed more often than ``max_failures`` allows
-                (its message holds the worker's traceback).
-            ResourceError: the cluster cannot place the workers.
+            WorkerGroupError: the function failed more often than ``max_failures`` allows (its
+                message holds each rank's traceback, ``worker_failures`` each rank's exception).
+            ControllerError: the run could not start or recover its workers, e.g. the cluster
+                cannot place them (``controller_failure``: the ``ResourceError``).
         """
-
+        if self.scaling_config.num_workers == 0:
+            return LocalRun(self).run()
         return FitRun(self).run()
 
     # Ray Train V1's tune.Tuner(trainer) is refused at once: Tune's Tuner(...) reads ``_name`` of a callable

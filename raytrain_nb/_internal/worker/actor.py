@@ -28,7 +28,7 @@ from .checkpointing import CheckpointingWorker
 from .display import WorkerDisplay
 from .forming import FormingWorker
 from .framework import call_in, release_current
-from .outcome import CellOutcome
+from .outcome import CellOutcome, pickle_exception
 from .session import WorkerSession
 from .snapshot import fingerprint
 
@@ -154,7 +154,7 @@ class Worker(FormingWorker, CheckpointingWorker):
 
     def _failure(self, exc: BaseException) -> RankFailure:
         tb = cellmod.format_user_traceback(exc)
-        return failure_from_exception(self.rank, exc, tb, node=os.uname().nodename)
+        return failure_from_exception(self.rank, exc, tb, node=os.uname().nodename, pickled=pickle_exception(exc))
 
     def _begin(self, label: str) -> OutputBuffer:
         buf = OutputBuffer()

@@ -119,7 +119,7 @@ def run_compiled(body: Optional[CodeType], tail: Optional[CodeType], namespace: 
     return None
 
 
-_OWN_DIR = os.path.dirname(os.path.abspath(__file__))
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # raytrain_nb/_internal: worker/, train/, ...
 
 
 _RAY_DIR = os.sep + "ray" + os.sep

@@ -2,9 +2,26 @@
 from __future__ import annotations
 
 import dataclasses
+import pickle
 from typing import Any, Dict, List, Optional
 
 from ..errors import RankFailure
+
+#: An exception pickled larger than this stays on the worker (its record still carries type, message, traceback).
+MAX_PICKLED_EXCEPTION = 1 << 20
+
+
+def pickle_exception(exc: BaseException) -> bytes:
+    """``exc`` pickled for the driver (``RankFailure.exception()``), or ``b""`` when it does not survive a round
+    trip here (a class whose ``__init__`` its ``args`` do not fit) or is larger than ``MAX_PICKLED_EXCEPTION``."""
+    from ray import cloudpickle  # ray: a worker has it loaded; classes made in a cell pickle by value
+
+    try:
+        data = cloudpickle.dumps(exc)
+        pickle.loads(data)
+    except Exception:  # noqa: BLE001 - any failure to travel: the record's text stands in for it
+        return b""
+    return data if len(data) <= MAX_PICKLED_EXCEPTION else b""
 
 
 @dataclasses.dataclass

@@ -236,6 +236,12 @@ def dataset_shards() -> Dict[str, Any]:
     return dict(_SHARDS)
 
 
+def replace_shards(shards: Dict[str, Any]) -> None:
+    """Make ``shards`` this process's datasets, by name (local mode: the trainer's, then what was there before)."""
+    _SHARDS.clear()
+    _SHARDS.update(shards)
+
+
 def set_shards(per_rank: List[Dict[str, Any]]) -> List[str]:
     """On each worker: keep this rank's iterators (the same list goes to every rank)."""
     rank = get_context().get_world_rank()
