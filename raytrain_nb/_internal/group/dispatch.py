@@ -74,17 +74,8 @@ class Dispatch:
         import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
         ready, _ = ray.wait(list(self.pending), num_returns=len(self.pending), timeout=timeout)
-        for ref in ready:
-            rank = self.pending[ref]
-            try:
-                res = ray.get(ref, timeout=timing.CONTROL_CALL_S)  # ready: it only fetches the result
-            except Exception as exc:  # noqa: BLE001 - run_cell catches the user's errors: this is a death
-                kind, error = classify(exc, rank, self._slot(rank))
-                if kind is not ReplyKind.DIED:
-                    raise
-                self.core.mark_dead(self._slot(rank).actor, error.cause)
-                res = CellOutcome.died(rank, RankFailure.of_lost(error))
-            del self.pending[ref]
+        for ref, res in zip(ready, self._fetch(ready)):
+            rank = self.pending.pop(ref)
             self.results[rank] = res
             self._emit(rank, res.outputs, res.metrics)
         self._drop_silent()
@@ -100,6 +91,28 @@ class Dispatch:
             if waiting:
                 self._release(waiting)
         self._poll()
+
+    def _fetch(self, ready: List[Any]) -> List[CellOutcome]:
+        """The outcomes of ready calls: in one fetch while every rank answered, else rank by rank, a rank whose
+        process died coming back as its death (``run_cell`` catches the user's errors: any other error is ours)."""
+        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
+
+        try:
+            return ray.get(ready, timeout=timing.CONTROL_CALL_S)  # ready: it only fetches the results
+        except Exception:  # noqa: BLE001 - which one failed, and how, is sorted out rank by rank
+            pass
+        out = []
+        for ref in ready:
+            rank = self.pending[ref]
+            try:
+                out.append(ray.get(ref, timeout=timing.CONTROL_CALL_S))
+            except Exception as exc:  # noqa: BLE001 - run_cell catches the user's errors: this is a death
+                kind, error = classify(exc, rank, self._slot(rank))
+                if kind is not ReplyKind.DIED:
+                    raise
+                self.core.mark_dead(self._slot(rank).actor, error.cause)
+                out.append(CellOutcome.died(rank, RankFailure.of_lost(error)))
+        return out
 
     def _drop_silent(self) -> None:
         """End the cell for ranks the monitor found dead or unresponsive (their call may never return)."""
