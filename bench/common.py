@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -269,12 +270,26 @@ def torchrun_env() -> Dict[str, str]:
     return dict(os.environ, OMP_NUM_THREADS="1", TORCHELASTIC_ERROR_FILE=os.devnull)
 
 
-def wait_json(paths: List[str], timeout: float, proc: Any) -> List[Dict[str, float]]:
-    """Wait until every file exists (polling, with a deadline and a check that ``proc`` still runs), then read them."""
+def _last_error(log: Optional[str]) -> str:
+    """The line of torchrun's log that says what went wrong (the first exception's, else the last line)."""
+    if not log or not os.path.exists(log):
+        return "no log"
+    with open(log, errors="replace") as fh:
+        lines = [ln.strip() for ln in fh if ln.strip()]
+    # an exception's own line ("ValueError: ..."), the first one: torchrun's ChildFailedError only wraps it
+    errors = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception|Interrupt)\b", ln) and "ChildFailedError" not in ln]
+    return (errors or lines or ["an empty log"])[0 if errors else -1][:300]
+
+
+def wait_json(paths: List[str], timeout: float, proc: Any, log: Optional[str] = None) -> List[Dict[str, float]]:
+    """Wait until every file exists (polling, with a deadline and a check that ``proc`` still runs), then read them;
+    if ``proc`` ends first, the error says why in one line, from its ``log``."""
     deadline = time.time() + timeout
     while not all(os.path.exists(p) for p in paths):
         if proc.poll() is not None:
-            raise RuntimeError(f"torchrun exited with {proc.returncode} before writing {paths}")
+            names = ", ".join(os.path.basename(p) for p in paths)
+            raise RuntimeError(f"torchrun exited with {proc.returncode} before writing {names}: {_last_error(log)} "
+                               f"(log: {log})")
         if time.time() > deadline:
             raise TimeoutError(f"torchrun wrote none of {paths} within {timeout:.0f} s")
         time.sleep(0.02)
@@ -298,9 +313,12 @@ class TorchrunServer:
         with open(script, "w") as fh:
             fh.write(source)
         self.started = time.time()
-        self.proc = subprocess.Popen(torchrun_cmd(script, folder, str(steps), nice=nice), stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, env=torchrun_env())
-        self.first = wait_json([os.path.join(folder, f"start-{r}.json") for r in range(2)], wait_s, self.proc)
+        self.log = os.path.join(folder, "torchrun.log")  # why it ended, should it end early
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(torchrun_cmd(script, folder, str(steps), nice=nice), stdout=log,
+                                         stderr=subprocess.STDOUT, env=torchrun_env())
+        self.first = wait_json([os.path.join(folder, f"start-{r}.json") for r in range(2)], wait_s, self.proc,
+                               self.log)
 
     def _command(self, word: str) -> None:
         with open(os.path.join(self.folder, f"cmd-{self.i}"), "w") as fh:
@@ -309,7 +327,8 @@ class TorchrunServer:
     def step(self) -> Dict[str, float]:
         """Run the workload once on both ranks; the slower rank's steps per second."""
         self._command("go")
-        out = wait_json([os.path.join(self.folder, f"res-{self.i}-{r}.json") for r in range(2)], 300.0, self.proc)
+        out = wait_json([os.path.join(self.folder, f"res-{self.i}-{r}.json") for r in range(2)], 300.0, self.proc,
+                        self.log)
         self.i += 1
         return {"steps_per_s": min(o["steps_per_s"] for o in out)}
 
