@@ -277,7 +277,8 @@ def _last_error(log: Optional[str]) -> str:
     with open(log, errors="replace") as fh:
         lines = [ln.strip() for ln in fh if ln.strip()]
     # an exception's own line ("ValueError: ..."), the first one: torchrun's ChildFailedError only wraps it
-    errors = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception|Interrupt)\b", ln) and "ChildFailedError" not in ln]
+    errors = [ln for ln in lines
+              if re.match(r"^[\w.]+(Error|Exception|Interrupt)\b", ln) and "ChildFailedError" not in ln]
     return (errors or lines or ["an empty log"])[0 if errors else -1][:300]
 
 
