@@ -174,3 +174,38 @@ def test_ray_ddp_strategy_refuses_another_environment_and_a_worker_without_a_pro
             trainer.fit(Net(), loader)
     finally:
         set_session(None)
+
+
+def test_in_local_mode_ray_ddp_strategy_trains_on_a_process_group_of_its_own_and_leaves_none(tmp_path):
+    import torch
+    import torch.distributed as dist
+
+    from raytrain_nb import ScalingConfig
+    from raytrain_nb.lightning import RayDDPStrategy, RayLightningEnvironment, RayTrainReportCallback, prepare_trainer
+    from raytrain_nb.torch import TorchTrainer
+
+    class Net(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, i):
+            loss = self.net(batch[0]).pow(2).mean()
+            self.log("loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_func():  # as under Ray Train's local mode: Lightning forms a group of this one process
+        trainer = prepare_trainer(pl.Trainer(
+            strategy=RayDDPStrategy(), plugins=[RayLightningEnvironment()], callbacks=[RayTrainReportCallback()],
+            accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+            enable_checkpointing=False, max_epochs=2, default_root_dir=str(tmp_path)))
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 2)), batch_size=4)
+        trainer.fit(Net(), loader)
+        return dist.get_world_size(), trainer.world_size
+
+    result = TorchTrainer(train_func, scaling_config=ScalingConfig(num_workers=0)).fit()
+    assert result.return_value == (1, 1) and not dist.is_initialized()
+    assert result.metrics["epoch"] == 1 and os.path.isdir(result.checkpoint.path)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from raytrain_nb import (CheckpointConfig, ControllerError, CSVLoggerCallback, DataParallelTrainer, FailureConfig,
-                         JsonLoggerCallback, Result, RunConfig, ScalingConfig, TrainingFailedError, UserCallback,
-                         WorkerDiedError, WorkerGroupError)
+                         JsonLoggerCallback, ResourceError, Result, RunConfig, ScalingConfig, TrainingFailedError,
+                         UserCallback, WorkerDiedError, WorkerGroupError)
 from raytrain_nb.torch import TorchTrainer
 
 from . import train_loops
@@ -125,6 +125,23 @@ def test_no_failures_allowed_raises_a_worker_group_error_with_each_ranks_excepti
     back = pickle.loads(pickle.dumps(error))  # with what it holds: the exceptions, the result
     assert type(back) is WorkerGroupError and str(back) == text
     assert type(back.worker_failures[0]) is ZeroDivisionError and back.result.metrics == {"step": 0}
+
+
+def test_the_result_holds_rank_zeros_return_value(tmp_path):
+    result = DataParallelTrainer(train_loops.returning_loop, train_loop_config={"tag": "t"},
+                                 scaling_config=ScalingConfig(num_workers=2),
+                                 run_config=RunConfig(name="returns", storage_path=str(tmp_path))).fit()
+    assert result.return_value == {"rank": 0, "world_size": 2, "tag": "t"} and result.error is None
+
+
+def test_a_run_that_cannot_place_its_workers_raises_a_controller_error_naming_why(tmp_path):
+    trainer = DataParallelTrainer(train_loops.raising_loop, scaling_config=ScalingConfig(
+        num_workers=2, resources_per_worker={"CPU": 1000}), run_config=RunConfig(name="nowhere", storage_path=str(tmp_path)))
+    with pytest.raises(ControllerError, match=r"^Training failed due to controller error:\nfit\(\) could not start its "
+                                              r"workers: 2 workers x 1000 CPU = 2000 CPU asked, but the cluster has") as info:
+        trainer.fit()
+    assert isinstance(info.value, TrainingFailedError) and not isinstance(info.value, WorkerGroupError)
+    assert type(info.value.controller_failure) is ResourceError and info.value.result.error is info.value
 
 
 def test_same_name_resumes_from_the_runs_newest_checkpoint(uninterrupted):

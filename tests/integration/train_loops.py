@@ -109,3 +109,10 @@ def raising_loop() -> None:
 
     train.report({"step": 0})
     inner_helper(0)
+
+
+def returning_loop(config: Dict[str, Any]) -> Dict[str, Any]:
+    """Reports once and returns what differs by rank: only rank 0's return value reaches ``Result.return_value``."""
+    ctx = train.get_context()
+    train.report({"step": 0})
+    return {"rank": ctx.get_world_rank(), "world_size": ctx.get_world_size(), "tag": config["tag"]}

@@ -138,3 +138,30 @@ def test_an_unpicklable_return_value_is_named_on_the_worker_and_a_missing_class_
         run_loop(threading.Lock, None, False, None)
     assert load_return_value(b"\x80\x04\x95garbage") is None
     assert "Result.return_value is None: rank 0's return value cannot be unpickled here" in caplog.text
+
+
+def test_a_recovery_that_fails_ends_the_run_with_a_controller_error_holding_the_workers_error(tmp_path, monkeypatch):
+    from raytrain_nb import RunConfig, ScalingConfig
+    from raytrain_nb._internal.errors import ResourceError
+    from raytrain_nb._internal.train import elastic
+    from raytrain_nb._internal.train.fit_run import FitRun
+
+    trainer = types.SimpleNamespace(scaling_config=ScalingConfig(num_workers=2), run_config=RunConfig(),
+                                    name="r", fresh_processes="")
+    run = FitRun(trainer)
+    run.group = types.SimpleNamespace(run_storage=types.SimpleNamespace(url=str(tmp_path), manager=None),
+                                      num_workers=2)
+    lost = RuntimeError("rank(s) 1 died and their place did not come back")
+
+    def decide(group, exc, scaling):
+        raise ResourceError(str(lost))
+
+    monkeypatch.setattr(elastic, "decide", decide)
+    died = WorkerError([RankFailure.of_lost(WorkerDiedError(1, "killed"))])
+    with pytest.raises(ControllerError) as info:
+        run._recover(died, None, "restart 1/3", failures=1)
+    error = info.value
+    assert str(error) == ("Training failed due to controller error:\nfit() could not recover after a failure: "
+                          "rank(s) 1 died and their place did not come back")
+    assert type(error.controller_failure) is ResourceError and error.error is died and error.failures == 1
+    assert error.result.error is error and error.result.path == str(tmp_path)

@@ -1,7 +1,9 @@
 """Local mode (``ScalingConfig(num_workers=0)``): the training function in this process, as Ray Train V2 runs it."""
 from __future__ import annotations
 
+import os
 import socket
+import tempfile
 
 import pytest
 
@@ -25,17 +27,24 @@ def test_the_function_runs_here_and_the_result_holds_its_last_report_and_return_
                            ctx.get_local_world_size(), ctx.get_node_rank(), ctx.get_experiment_name())
         seen["first"] = train.get_checkpoint()
         for step in range(3):
-            ckpt = tmp_path / f"ckpt{step}"
-            ckpt.mkdir()
-            train.report({"step": step, "lr": config["lr"]}, checkpoint=Checkpoint.from_directory(str(ckpt)))
-            seen.setdefault("latest", []).append(train.get_checkpoint().path)
+            with tempfile.TemporaryDirectory() as ckpt:  # gone once report() returned: a copy is kept
+                with open(os.path.join(ckpt, "step.txt"), "w") as fh:
+                    fh.write(str(step))
+                train.report({"step": step, "lr": config["lr"]}, checkpoint=Checkpoint.from_directory(ckpt))
+            kept = train.get_checkpoint().path
+            with open(os.path.join(kept, "step.txt")) as fh:
+                seen.setdefault("latest", []).append((fh.read(), kept))
         train.report({"step": 3})
         return {"done": True}
 
     result = _fit(loop, tmp_path, train_loop_config={"lr": 0.5})
     assert seen["context"] == (0, 1, 0, 1, 0, "local") and seen["first"] is None
-    assert seen["latest"] == [str(tmp_path / f"ckpt{i}") for i in range(3)]  # each report's checkpoint, as given
-    assert result.metrics == {"step": 3} and result.checkpoint.path == str(tmp_path / "ckpt2")
+    assert [step for step, _ in seen["latest"]] == ["0", "1", "2"]
+    copies = [path for _, path in seen["latest"]]
+    assert not os.path.exists(copies[0]) and not os.path.exists(copies[1])  # only the last report's is kept
+    assert result.metrics == {"step": 3} and result.checkpoint.path == copies[2]
+    with result.checkpoint.as_directory() as kept, open(os.path.join(kept, "step.txt")) as fh:
+        assert fh.read() == "2"
     assert result.path is None and result.error is None and result.return_value == {"done": True}
     assert result.metrics_dataframe is None and result.best_checkpoints == []
     assert not (tmp_path / "runs").exists()  # no run directory, no lease
@@ -101,3 +110,9 @@ def test_under_torchrun_a_torch_trainer_forms_the_process_group_and_leaves_none(
     assert result.return_value == (True, "gloo", 1) and not dist.is_initialized()
     # a framework-neutral trainer forms none, as Ray's LocalController
     assert _fit(lambda: dist.is_initialized(), tmp_path).return_value is False
+
+
+def test_a_report_of_something_else_than_a_checkpoint_is_named(tmp_path):
+    with pytest.raises(TypeError, match=r"^report\(checkpoint=\.\.\.\) takes a raytrain_nb.Checkpoint, got str: pass "
+                                        r"Checkpoint.from_directory\(path\)$"):
+        _fit(lambda: train.report({"a": 1}, checkpoint="/tmp/x"), tmp_path)

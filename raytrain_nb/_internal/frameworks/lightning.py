@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from ..extras import require
-from ..worker.session import get_context
+from ..worker.session import current_session, get_context
 from ..worker.torch_utils import get_device
 from .lightning_carry import carry_optimizer_state, remember_optimizers
 
@@ -100,7 +100,9 @@ class RayDDPStrategy(pl.strategies.DDPStrategy):
             raise RuntimeError(
                 f"RayDDPStrategy needs Lightning's cluster environment to be RayLightningEnvironment, got "
                 f"{type(self.cluster_environment).__name__}: pass pl.Trainer(plugins=[RayLightningEnvironment()])")
-        if not (dist.is_available() and dist.is_initialized()):
+        sess = current_session()
+        local = sess is not None and sess.local  # local mode: Lightning forms its own group, as under Ray Train
+        if not (dist.is_available() and dist.is_initialized()) and not local:
             raise RuntimeError(
                 "RayDDPStrategy trains on the worker group's process group and this process has none: run fit() in "
                 "a %%distributed cell or a TorchTrainer's train_loop_per_worker, on a group with backend gloo or nccl")

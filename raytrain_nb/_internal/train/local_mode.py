@@ -2,9 +2,14 @@
 
 For debugging with an ordinary debugger (a breakpoint in the training function stops in your own process): no
 worker, no run directory, no lease. ``get_context()`` says rank 0 of 1, ``report()`` keeps only the last metrics
-and checkpoint (the ``Checkpoint`` object as given: its directory is not copied), ``get_checkpoint()`` returns
-that checkpoint (before the first one: ``resume_from_checkpoint``), ``get_dataset_shard(name)`` the dataset given
-to the trainer, whole. An exception of the function propagates as it was raised: no retries.
+and checkpoint, ``get_checkpoint()`` returns that checkpoint (before the first one: ``resume_from_checkpoint``),
+``get_dataset_shard(name)`` the dataset given to the trainer, whole. An exception of the function propagates as
+it was raised: no retries.
+
+Where Ray Train keeps the reported ``Checkpoint`` object as given (so a checkpoint written in a ``with
+tempfile.TemporaryDirectory()`` block is gone once ``report()`` returns), a copy of its files is kept here, in a
+temporary directory of its own (the previous report's copy is removed; the last one at exit): the result's
+checkpoint loads after the run.
 
 Started by ``torchrun`` (its ``RANK``, ``WORLD_SIZE``, ... in the environment), a torch trainer forms one process
 group over those processes first (nccl with CUDA, else gloo), as Ray Train does, and the context says each
@@ -17,11 +22,14 @@ Example::
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
 import sys
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
+from ..checkpoint.checkpoint import Checkpoint
 from ..errors import ConfigError
 from ..worker import session
 from .result import Result
@@ -50,7 +58,8 @@ class LocalRun:
     def __init__(self, trainer: "DataParallelTrainer") -> None:
         self.t = trainer
         self.checkpoint: Any = None
-        self.formed = False
+        self.copy = ""  # the directory of the kept checkpoint's files (ours to remove)
+        self.formed = False  # a process group formed during the run, ours (torchrun) or a library's (Lightning)
 
     def run(self) -> Result:
         """Run the training function here and return what it reported last and returned.
@@ -63,6 +72,7 @@ class LocalRun:
             logger.info("local mode: RunConfig(callbacks=...) are not called (no run to report on)")
         context = self._context()
         sess = session.WorkerSession(context, history=1)  # only the last report is kept
+        sess.local = True
         sess.upload = self._keep
         sess.latest = lambda: self.checkpoint
         before, shards = session.current_session(), session.dataset_shards()
@@ -75,17 +85,27 @@ class LocalRun:
             session.set_session(before)
             session.replace_shards(shards)
             self._leave()
+            if self.copy:
+                atexit.register(shutil.rmtree, self.copy, True)
         records = sess.drain()
         return Result(metrics=records[-1]["metrics"] if records else None, checkpoint=self.checkpoint, error=None,
                       path=None, return_value=value)
 
     def _keep(self, index: int, checkpoint: Any, metrics: Dict[str, Any]) -> None:
-        self.checkpoint = checkpoint
+        """``report(checkpoint=...)``: keep a copy of its files (the previous copy goes)."""
+        if not isinstance(checkpoint, Checkpoint):
+            raise TypeError(f"report(checkpoint=...) takes a raytrain_nb.Checkpoint, got {type(checkpoint).__name__}: "
+                            "pass Checkpoint.from_directory(path)")
+        copy, previous = checkpoint.to_directory(), self.copy
+        self.checkpoint, self.copy = Checkpoint.from_directory(copy), copy
+        if previous:
+            shutil.rmtree(previous, ignore_errors=True)
 
     def _context(self) -> session.TrainContext:
         """Rank 0 of 1; under ``torchrun`` (a torch trainer outside a worker), this process's place in the group
         it forms."""
         name = self.t.name
+        self.formed = not _joined()  # none yet: one formed during the run is the run's
         if (self.t.backend not in TORCH_BACKENDS or not started_by_torchrun()
                 or session.current_session() is not None):
             return session.TrainContext(world_rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
@@ -96,7 +116,6 @@ class LocalRun:
         local_rank, local_size = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
         if not dist.is_initialized():
             dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
-            self.formed = True
             if torch.cuda.is_available():
                 torch.cuda.set_device(local_rank)
         rank, size = dist.get_rank(), dist.get_world_size()
@@ -110,11 +129,16 @@ class LocalRun:
                                     experiment_name=name)
 
     def _leave(self) -> None:
-        """Destroy the process group this run formed (a group it found stays)."""
-        if self.formed and "torch" in sys.modules:
+        """Destroy a process group formed during the run (a group it found stays)."""
+        if self.formed and _joined():
             import torch.distributed as dist  # torch: already loaded (the group was formed with it)
 
-            if dist.is_initialized():
-                dist.destroy_process_group()
-            self.formed = False
+            dist.destroy_process_group()
+        self.formed = False
+
+
+def _joined() -> bool:
+    """Whether this process has a torch process group (without importing torch when nothing did)."""
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
 

@@ -95,6 +95,8 @@ class WorkerSession:
         self.upload: Optional[Callable[[int, Any, Dict[str, Any]], None]] = None
         self.report_name: Optional[Callable[[int], str]] = None
         self.latest: Optional[Callable[[], Any]] = None
+        #: set by local mode (``ScalingConfig(num_workers=0)``): the trainer's own process, not a worker
+        self.local = False
 
     @property
     def history(self) -> int:
