@@ -91,6 +91,31 @@ class InterruptTimeout(RaytrainNbError):
     """A rank did not stop after an interrupt."""
 
 
+class CollectiveError(RaytrainNbError):
+    """``collective.barrier()`` or ``broadcast_from_rank_zero()`` cannot complete (the ranks called different
+    collectives, or the cell runs on some ranks only)."""
+
+
+class CollectiveTimeoutError(CollectiveError, TimeoutError):
+    """A collective's deadline passed before every rank arrived.
+
+    Attributes:
+        missing: the ranks that did not arrive.
+        timeout_s: the deadline, in seconds.
+    """
+
+    def __init__(self, message: str, missing: Sequence[int] = (), timeout_s: float = 0.0) -> None:
+        super().__init__(message)
+        self.missing, self.timeout_s = list(missing), timeout_s
+
+    def __reduce__(self):
+        return (type(self), (self.args[0], self.missing, self.timeout_s))
+
+
+class CollectiveReleasedError(CollectiveError):
+    """This rank left a collective unfinished: a peer failed or stopped waiting, or the cell was stopped."""
+
+
 class StorageError(RaytrainNbError):
     """A storage path cannot be used (unknown protocol, not writable, not shared)."""
 
@@ -277,7 +302,7 @@ def failure_from_exception(rank: int, exc: BaseException, traceback_text: str, n
         type_name=type_name,
         message=message,
         traceback=traceback_text,
-        collateral=is_collective_failure(type_name, message),
+        collateral=is_collective_failure(type_name, message) or isinstance(exc, CollectiveReleasedError),
         node=node,
         pickled=pickled,
     )

@@ -44,6 +44,12 @@ class Setting:
         return f"`{self.default}`" if self.default is not None else self.when_unset
 
 
+#: Seconds a rank waits in ``collective.barrier()`` / ``broadcast_from_rank_zero()`` for the others (torch's and Ray
+#: Train's ``TorchConfig`` default for a process group's collectives).
+DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
+COLLECTIVE_TIMEOUT_S = Setting("RAYTRAIN_NB_COLLECTIVE_TIMEOUT_S", "float", "1800",
+                               "seconds a rank waits in `collective.barrier()` or `broadcast_from_rank_zero()` for "
+                               "the other ranks before it fails naming those that did not arrive")
 DASHBOARD = Setting("RAYTRAIN_NB_DASHBOARD", "bool", "0",
                     "`1` starts Ray's dashboard with the embedded instance")
 ELASTIC_WAIT_S = Setting("RAYTRAIN_NB_ELASTIC_WAIT_S", "float", "10",
@@ -79,8 +85,28 @@ WORKING_DIR = Setting("RAYTRAIN_NB_WORKING_DIR", "bool", "1",
                       "yourself)")
 
 #: Every variable, in the README's order.
-SETTINGS: Tuple[Setting, ...] = (DASHBOARD, ELASTIC_WAIT_S, LEAN_ENTRY, MEMORY_BYTES, NUM_CPUS, NUM_GPUS,
-                                 OBJECT_STORE_BYTES, OUTPUT_RATE, RESOURCE_WAIT_S, STORAGE_PATH, UI, WORKING_DIR)
+SETTINGS: Tuple[Setting, ...] = (COLLECTIVE_TIMEOUT_S, DASHBOARD, ELASTIC_WAIT_S, LEAN_ENTRY, MEMORY_BYTES, NUM_CPUS,
+                                 NUM_GPUS, OBJECT_STORE_BYTES, OUTPUT_RATE, RESOURCE_WAIT_S, STORAGE_PATH, UI,
+                                 WORKING_DIR)
+
+
+def collective_timeout_s() -> float:
+    """Seconds a rank waits in a collective of ``raytrain_nb.collective`` (unset or blank: 1800).
+
+    Raises:
+        ValueError: not a positive number, naming the value and the fix.
+    """
+    raw = (COLLECTIVE_TIMEOUT_S.raw() or "").strip()
+    if not raw:
+        return DEFAULT_COLLECTIVE_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{COLLECTIVE_TIMEOUT_S.name}={raw!r} is not a number of seconds above 0: set it to e.g. "
+                         f"600, or unset it for {DEFAULT_COLLECTIVE_TIMEOUT_S:g}")
+    return value
 
 
 def dashboard() -> bool:

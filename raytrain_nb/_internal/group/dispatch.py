@@ -17,6 +17,7 @@ from ..errors import RankFailure
 from ..output import OutputSink, route
 from ..worker.outcome import CellOutcome
 from . import timing
+from .collectives import tell_finished
 from .fanout import FANOUT, Replies, ReplyKind, classify, death_of
 from .slots import Slot
 from .state import SlotState
@@ -49,6 +50,7 @@ class Dispatch:
         self._stuck_deadline = 0.0
         self._released_at = 0.0  # when the first rank was released after a peer failed
         self._peers_released = False
+        self._told: Set[int] = set()  # ranks rank 0's worker was told ended the call (raytrain_nb.collective)
         # a framework backend's collective (C++) cannot be released: ranks left in it are stopped after this long
         self._stop_after_s = core.kind.stop_after_peer_failure_s
 
@@ -177,8 +179,13 @@ class Dispatch:
     def _poll(self) -> None:
         replies = self._ask(list(self.pending.values()), lambda s: s.actor.poll.remote(), timing.CONTROL_CALL_S,
                             "the running ranks' output")
+        waiting = {}
         for rank, polled in replies.values().items():  # a dead rank's run result reports its death
             self._emit(rank, polled["outputs"], polled["metrics"])
+            if polled.get("collective"):
+                waiting[rank] = polled["collective"]
+        if waiting and self.results:  # ranks wait in a collective for peers whose call already ended
+            tell_finished(self._slot(0).actor, self.results, waiting, self._told)
 
     def _interrupt(self) -> None:
         self._ask(sorted(self.pending.values()), lambda s: s.actor.interrupt.remote(), timing.INTERRUPT_WAIT_S,

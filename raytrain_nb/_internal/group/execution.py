@@ -20,6 +20,7 @@ from ..worker.cell import format_user_traceback, needs_ipython
 from ..worker.outcome import CellOutcome
 from . import timing
 from .background import BackgroundRun
+from .collectives import CollectiveRounds
 from .dispatch import Dispatch
 from .fanout import FANOUT, ReplyKind
 from .recovery import ON_FAILURE, recover_and_retry
@@ -42,6 +43,7 @@ class Runner:
     def __init__(self, core: "GroupCore", formation: "Formation", owner: "WorkerGroup") -> None:
         self.core, self.formation, self.owner = core, formation, owner
         self._cell_lock = threading.RLock()
+        self.rounds = CollectiveRounds()  # raytrain_nb.collective: each call's round, rank 0's worker for each rank
 
     def targets(self, ranks: Optional[Sequence[int]]) -> List[int]:
         if ranks is None:
@@ -96,7 +98,7 @@ class Runner:
         try:
             partial = len(targets) < self.core.num_workers
             results = self.dispatch(
-                lambda s, fw: s.actor.run_cell_packed.remote((source, cell_id, True, base, partial, fw)),
+                lambda s, fw, co: s.actor.run_cell_packed.remote((source, cell_id, True, base, partial, fw, co)),
                 targets, sink, output, shown)
         finally:
             self.core.run_storage.advance(max(self.core.reports_seen(base), 0))
@@ -122,21 +124,25 @@ class Runner:
         base = self.core.run_storage.report_base
         try:
             partial = len(targets) < self.core.num_workers
-            results = self.dispatch(lambda s, fw: s.actor.execute_packed.remote((fn, args, kwargs, base, partial, fw)),
-                                    targets, sink or TextSink(), output, targets[:1] if output == "rank0" else targets)
+            results = self.dispatch(
+                lambda s, fw, co: s.actor.execute_packed.remote((fn, args, kwargs, base, partial, fw, co)),
+                targets, sink or TextSink(), output, targets[:1] if output == "rank0" else targets)
         finally:
             self.core.run_storage.advance(max(self.core.reports_seen(base), 0))
         return [results[r].value for r in targets]
 
-    def dispatch(self, submit: Callable[[Slot], Any], targets: List[int], sink: OutputSink,
+    def dispatch(self, submit: Callable[[Slot, Any, Any], Any], targets: List[int], sink: OutputSink,
                  mode: str, shown: Sequence[int]) -> Dict[int, CellOutcome]:
+        """Run one call on ``targets``: ``submit(slot, framework spec, collective spec)`` sends it to a rank."""
         with self._cell_lock:
+            collectives = self.rounds.specs([s.actor for s in self.core.slots], targets)
             for r in targets:  # before the state change, so observers see the running ranks
                 self.core.slots[r].mark(SlotState.RUNNING)
             self.core.transition(GroupState.RUNNING)
             try:
                 with self.core.driver_cell(targets) as specs:  # a framework backend's collective for this cell
-                    refs = {submit(self.core.slots[r], spec): r for r, spec in zip(targets, specs)}
+                    refs = {submit(self.core.slots[r], spec, co): r
+                            for r, spec, co in zip(targets, specs, collectives)}
                     run = Dispatch(self.core, self.owner.replace, refs, sink, mode, shown)
                     results = run.collect()
             except BaseException:

@@ -25,6 +25,8 @@ from . import snapshot_io
 from .capture import OutputBuffer, OutputCapture
 from .cell_thread import CellThread, to_cpu
 from .checkpointing import CheckpointingWorker
+from .collective import CONTROL_METHODS as COLLECTIVE_CALLS
+from .collective import CollectiveWorker, begin as begin_collectives, release_waiting, waiting_at
 from .display import WorkerDisplay
 from .forming import FormingWorker
 from .framework import call_in, release_current
@@ -38,7 +40,7 @@ logger = logging.getLogger(__name__)
 PREPARING = ("_preload", "_warm_imports")
 
 
-class Worker(FormingWorker, CheckpointingWorker):
+class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker):
     """One rank of a :class:`~raytrain_nb.WorkerGroup` (a Ray actor when spawned)."""
 
     def __init__(self, cwd: Optional[str] = None, sys_path: Sequence[str] = (),
@@ -187,14 +189,17 @@ class Worker(FormingWorker, CheckpointingWorker):
         return result
 
     def run_cell(self, source: str, cell_id: int, show_value: bool = True, report_base: int = 0,
-                 partial: bool = False, framework: Optional[Any] = None) -> CellOutcome:
+                 partial: bool = False, framework: Optional[Any] = None,
+                 collective: Optional[Any] = None) -> CellOutcome:
         """Run cell source in the persistent namespace; return outputs, value and failure.
 
         ``report_base`` numbers the checkpoints this cell reports (``checkpoint_<base + i>``);
         ``partial``: the cell runs on some ranks only, so it cannot report a checkpoint;
-        ``framework``: ``(backend, spec)`` of a framework backend the cell runs inside (``worker/framework.py``).
+        ``framework``: ``(backend, spec)`` of a framework backend the cell runs inside (``worker/framework.py``);
+        ``collective``: the ``CollectiveSpec`` of its ``raytrain_nb.collective`` calls (None: the rank is alone).
         """
-        return self._cells.call(self._run_cell, source, cell_id, show_value, report_base, partial, framework)
+        return self._cells.call(self._run_cell, source, cell_id, show_value, report_base, partial, framework,
+                                collective)
 
     def run_cell_packed(self, request: Tuple[Any, ...]) -> CellOutcome:
         """:meth:`run_cell` with its arguments in one tuple: the driver's path (Ray sends one argument in about
@@ -202,8 +207,10 @@ class Worker(FormingWorker, CheckpointingWorker):
         return self.run_cell(*request)
 
     def _run_cell(self, source: str, cell_id: int, show_value: bool, report_base: int = 0,
-                  partial: bool = False, framework: Optional[Any] = None) -> CellOutcome:
+                  partial: bool = False, framework: Optional[Any] = None,
+                  collective: Optional[Any] = None) -> CellOutcome:
         self._report_base, self._partial = report_base, partial
+        begin_collectives(collective, partial)
         filename = f"<cell-{cell_id}>"
         self._begin(filename)
         result = CellOutcome(rank=self.rank)
@@ -234,18 +241,21 @@ class Worker(FormingWorker, CheckpointingWorker):
         return result
 
     def execute(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, Any],
-                report_base: int = 0, partial: bool = False, framework: Optional[Any] = None) -> CellOutcome:
-        """Call ``fn(*args, **kwargs)`` on the cell thread (inside ``framework``, as :meth:`run_cell`);
-        return its value or failure."""
-        return self._cells.call(self._execute, fn, args, kwargs, report_base, partial, framework)
+                report_base: int = 0, partial: bool = False, framework: Optional[Any] = None,
+                collective: Optional[Any] = None) -> CellOutcome:
+        """Call ``fn(*args, **kwargs)`` on the cell thread (inside ``framework``, with ``collective``, as
+        :meth:`run_cell`); return its value or failure."""
+        return self._cells.call(self._execute, fn, args, kwargs, report_base, partial, framework, collective)
 
     def execute_packed(self, request: Tuple[Any, ...]) -> CellOutcome:
         """:meth:`execute` with its arguments in one tuple (the driver's path, as :meth:`run_cell_packed`)."""
         return self.execute(*request)
 
     def _execute(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, Any],
-                 report_base: int = 0, partial: bool = False, framework: Optional[Any] = None) -> CellOutcome:
+                 report_base: int = 0, partial: bool = False, framework: Optional[Any] = None,
+                 collective: Optional[Any] = None) -> CellOutcome:
         self._report_base, self._partial = report_base, partial
+        begin_collectives(collective, partial)
         self._begin(getattr(fn, "__name__", "function"))
         result = CellOutcome(rank=self.rank)
         started = time.perf_counter()
@@ -296,6 +306,7 @@ class Worker(FormingWorker, CheckpointingWorker):
             "outputs": buf.drain() if buf is not None else [],
             "metrics": self.session.drain() if self.session is not None else [],
             "running": running,
+            "collective": waiting_at(),
         }
 
     def activity(self) -> Dict[str, Any]:
@@ -310,7 +321,8 @@ class Worker(FormingWorker, CheckpointingWorker):
         """Break this rank's process group (and a framework backend's collective) so peers blocked in a
         collective fail at once."""
         released = release_current()
-        return self.pg.break_() or released
+        waited = release_waiting()
+        return self.pg.break_() or released or waited
 
     def stack(self) -> str:
         """The Python stack of the cell thread."""
@@ -341,7 +353,7 @@ class Worker(FormingWorker, CheckpointingWorker):
 
 
 CONTROL_METHODS = ("ping", "poll", "activity", "release", "stack", "interrupt", "request_snapshot", "cancel_snapshot",
-                   "snapshot_wait", "pull")  # pull: reading a value works while a cell runs
+                   "snapshot_wait", "pull") + COLLECTIVE_CALLS  # pull: reading a value works while a cell runs
 for _name in CONTROL_METHODS:  # what ray.method(concurrency_group="control") sets
     getattr(Worker, _name).__ray_concurrency_group__ = "control"
 Worker.watch.__ray_concurrency_group__ = "monitor"

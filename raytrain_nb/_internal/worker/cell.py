@@ -16,6 +16,8 @@ import traceback
 from types import CodeType, TracebackType
 from typing import Any, Dict, Optional, Tuple
 
+from ..errors import CollectiveError
+
 # A line starting with % or !, an assignment from !cmd / %magic, or a trailing ?.
 _IPYTHON_SYNTAX = re.compile(r"^\s*(%|!)|^[^#'\"\n]*=\s*[%!]|\?\s*$", re.M)
 
@@ -147,6 +149,12 @@ def format_user_traceback(exc: BaseException) -> str:
     if first is None:
         first = next((f for f in frames if not _is_ours(f.tb_frame.f_code.co_filename)), None)
     lines = ["Traceback (most recent call last):\n"]
+    if isinstance(exc, CollectiveError):  # said in one line: the stack ends at the user's call, not in ours
+        shown = frames[frames.index(first):] if first is not None else []
+        while shown and _is_ours(shown[-1].tb_frame.f_code.co_filename):
+            shown.pop()
+        lines += traceback.format_list(traceback.extract_tb(shown[0], limit=len(shown))) if shown else []
+        return "".join(lines + [f"{type(exc).__name__}: {exc}"])
     lines += traceback.format_tb(first) if first is not None else []
     lines += traceback.format_exception_only(type(exc), exc)
     return "".join(lines).rstrip("\n")
