@@ -135,10 +135,12 @@ def test_the_result_holds_rank_zeros_return_value(tmp_path):
 
 
 def test_a_run_that_cannot_place_its_workers_raises_a_controller_error_naming_why(tmp_path):
-    trainer = DataParallelTrainer(train_loops.raising_loop, scaling_config=ScalingConfig(
-        num_workers=2, resources_per_worker={"CPU": 1000}), run_config=RunConfig(name="nowhere", storage_path=str(tmp_path)))
-    with pytest.raises(ControllerError, match=r"^Training failed due to controller error:\nfit\(\) could not start its "
-                                              r"workers: 2 workers x 1000 CPU = 2000 CPU asked, but the cluster has") as info:
+    trainer = DataParallelTrainer(train_loops.raising_loop,
+                                  scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1000}),
+                                  run_config=RunConfig(name="nowhere", storage_path=str(tmp_path)))
+    with pytest.raises(ControllerError, match=r"^Training failed due to controller error:\nfit\(\) could not start "
+                                              r"its workers: 2 workers x 1000 CPU = 2000 CPU asked, but the cluster "
+                                              r"has") as info:
         trainer.fit()
     assert isinstance(info.value, TrainingFailedError) and not isinstance(info.value, WorkerGroupError)
     assert type(info.value.controller_failure) is ResourceError and info.value.result.error is info.value

@@ -218,3 +218,14 @@ def test_a_flood_of_output_is_capped_named_and_output_resumes(nb):
     total = sum(len(f"flood line {i:06d} " + "." * 100) + 1 for i in range(40000))
     # every character is shown or counted (a line cut by the workers' batching counts only in part)
     assert abs(len(lines) * 119 + int(held.group(1).replace(",", "")) - total) < 119
+
+
+def test_collective_barrier_and_broadcast_in_cells(nb):
+    cell = nb.ok("%%distributed --output all\nfrom raytrain_nb import collective\n"
+                 "got = collective.broadcast_from_rank_zero(f'chosen by rank {rank}')\ncollective.barrier()\nprint(got)")
+    assert sorted(cell.stdout.splitlines()) == ["[rank 0] chosen by rank 0", "[rank 1] chosen by rank 0"]
+    lonely = nb.run("%%distributed\nif rank == 0:\n    collective.barrier()")
+    assert lonely.status == "error"
+    text = lonely.error_text
+    assert text.startswith("[rank 0]") and "raytrain_nb/_internal" not in text, text
+    assert text.endswith("CollectiveError: barrier(): rank 1 finished the call without arriving at it"), text

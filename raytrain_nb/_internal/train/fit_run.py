@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 from .. import cluster, frontend
 from ..checkpoint.metrics_log import read_metrics
 from ..checkpoint.storage import as_fsspec, default_storage_path, is_local, resolve
-from ..errors import CheckpointError, ConfigError, GroupError, ResourceError, WorkerError, cut_lines, format_ranks, merge_failures
+from ..errors import (CheckpointError, ConfigError, GroupError, ResourceError, WorkerError, cut_lines, format_ranks,
+                      merge_failures)
 from ..group.config import GroupConfig
 from ..group.datasets import attach, ensure_fresh
 from ..group import policy
