@@ -161,3 +161,21 @@ def test_a_missing_xgboost_is_named_with_its_pip_install():
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == \
         "ImportError: xgboost is not installed: pip install 'raytrain_nb[xgboost]'"
+
+
+def test_local_mode_boosts_in_this_process_without_the_collective():
+    import numpy as np
+
+    from raytrain_nb import ScalingConfig
+    from raytrain_nb.xgboost import RayTrainReportCallback, XGBoostTrainer
+
+    def train_fn():  # no tracker, no communicator: plain xgboost.train, as under Ray Train's local mode
+        x = np.random.default_rng(0).normal(size=(100, 3))
+        dtrain = xgboost.DMatrix(x, label=x.sum(axis=1))
+        booster = xgboost.train({"max_depth": 2}, dtrain, num_boost_round=3, evals=[(dtrain, "train")],
+                                verbose_eval=False, callbacks=[RayTrainReportCallback()])
+        return booster.num_boosted_rounds()
+
+    result = XGBoostTrainer(train_fn, scaling_config=ScalingConfig(num_workers=0)).fit()
+    assert result.return_value == 3 and result.path is None and "train-rmse" in result.metrics
+    assert RayTrainReportCallback.get_model(result.checkpoint).num_boosted_rounds() == 3  # its copy outlives report()
