@@ -14,7 +14,7 @@ from torch import nn
 
 import ray.train as train
 import ray.train.torch as train_torch
-from ray.train import RunConfig, ScalingConfig
+from ray.train import Checkpoint, RunConfig, ScalingConfig
 from ray.train.collective import barrier, broadcast_from_rank_zero
 from ray.train.torch import TorchTrainer
 
@@ -55,7 +55,13 @@ def train_func(config):
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        train.report({"epoch": epoch, "loss": loss.item(), "mean0": stats["mean"][0]})
+        metrics = {"epoch": epoch, "loss": loss.item(), "mean0": stats["mean"][0]}
+        with tempfile.TemporaryDirectory() as tmp:
+            checkpoint = None
+            if rank == 0:  # the model and the statistics it needs, saved once
+                torch.save({"model": model.module.state_dict(), "stats": stats}, os.path.join(tmp, "model.pt"))
+                checkpoint = Checkpoint.from_directory(tmp)
+            train.report(metrics, checkpoint=checkpoint)
 
 
 if __name__ == "__main__":
@@ -70,4 +76,7 @@ if __name__ == "__main__":
         expected = torch.load(os.path.join(data_dir, "train.pt"), weights_only=True)["x"].mean(dim=0)[0].item()
     print(f"final metrics: {result.metrics}")
     assert result.metrics["epoch"] == 2 and abs(result.metrics["mean0"] - expected) < 1e-6
+    with result.checkpoint.as_directory() as checkpoint_dir:
+        saved = torch.load(os.path.join(checkpoint_dir, "model.pt"), weights_only=True)
+    assert saved["stats"]["by"] == 0 and abs(saved["stats"]["mean"][0] - expected) < 1e-6
     print("COLLECTIVE OK")
