@@ -28,5 +28,9 @@ def test_status_table_has_a_row_per_rank():
             self.last_metrics, self.error = {"loss": 0.123456, "step": 3}, "killed" if state == "dead" else ""
     text = format_status([Row(0, "idle"), Row(1, "dead")])
     lines = text.splitlines()
-    assert lines[0].split() == ["rank", "node", "pid", "device", "state", "last", "metrics"]
+    assert lines[0].split() == ["rank", "node", "pid", "device", "state", "resources", "step", "last", "metrics"]
     assert "loss=0.1235 step=3" in lines[1] and "dead (killed)" in lines[2]
+    Row.resources = {"cpu": 97.6, "rss": 3 * 2 ** 30, "mem_used": 10, "mem_limit": 100, "mem_flag": False}
+    Row.step_time, Row.slow = 0.3141, True
+    assert "cpu 98% · rss 3.0 GB" in format_status([Row(0, "running")]).splitlines()[1]
+    assert "0.314 s/step SLOW" in format_status([Row(0, "running")])

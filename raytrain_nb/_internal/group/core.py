@@ -28,6 +28,7 @@ from .slots import SlotTable
 from .state import GroupState, SlotState, check_transition
 from .timing import DEFAULT_HEARTBEAT_TIMEOUT_S
 from .types import CellRecord
+from .vitals import Vitals
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ class GroupCore:
         self.heartbeat_s = DEFAULT_HEARTBEAT_TIMEOUT_S
         self.latest_metrics: Dict[int, Dict[str, Any]] = {}
         self.metrics_history: Dict[int, Deque[Dict[str, Any]]] = {}
+        self.vitals = Vitals()  # each rank's resources, step time, and whether it is slow
         self._observers: List[Callable[[GroupState, GroupState], None]] = []
         self._metric_observers: List[Callable[[Sequence[Dict[str, Any]]], None]] = []
         self._max_report_index = -1
@@ -218,6 +220,8 @@ class GroupCore:
             rank = rec["rank"]
             self.latest_metrics[rank] = rec["metrics"]
             self.metrics_history.setdefault(rank, collections.deque(maxlen=METRICS_HISTORY)).append(rec)
+        if self.vitals.on_reports(records):  # a rank turned slow or caught up: its row changes
+            self.notify()
         for cb in list(self._metric_observers):
             try:
                 cb(records)

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Sequence, Set
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set
 
 from ..errors import RankFailure
 from ..output import OutputSink, route
 from ..worker.outcome import CellOutcome
 from . import timing
+from .cellwatch import CellWatch
+from .debug import Prompt
 from .collectives import tell_finished
 from .fanout import FANOUT, Replies, ReplyKind, classify, death_of
 from .slots import Slot
@@ -37,7 +39,8 @@ class Dispatch:
     ranks stuck after a second interrupt fresh workers."""
 
     def __init__(self, core: "GroupCore", replace: Callable[[List[int]], None], refs: Dict[Any, int],
-                 sink: OutputSink, mode: str, shown: Sequence[int]) -> None:
+                 sink: OutputSink, mode: str, shown: Sequence[int], prompt: Optional[Prompt] = None,
+                 quiet_after_s: float = 0.0) -> None:
         self.core = core
         self._replace = replace
         self.pending: Dict[Any, int] = dict(refs)
@@ -53,6 +56,7 @@ class Dispatch:
         self._told: Set[int] = set()  # ranks rank 0's worker was told ended the call (raytrain_nb.collective)
         # a framework backend's collective (C++) cannot be released: ranks left in it are stopped after this long
         self._stop_after_s = core.kind.stop_after_peer_failure_s
+        self.watch = CellWatch(core, sink, prompt, quiet_after_s)  # resources, debugger prompts, a quiet cell
 
     def collect(self) -> Dict[int, CellOutcome]:
         while True:
@@ -61,6 +65,8 @@ class Dispatch:
                     self._step(timing.POLL_INTERVAL_S)
                     self._check_stuck()
                     self._stop_left_in_collective()
+                    self.watch.check()
+                self.watch.finish(any(res.failure is not None for res in self.results.values()))
                 return self.results
             except KeyboardInterrupt:
                 self.interrupts += 1
@@ -137,6 +143,8 @@ class Dispatch:
 
     def _emit(self, rank: int, outputs: List[Any], metrics: List[Dict[str, Any]]) -> None:
         route(self.sink, rank, outputs, self.shown, self.mode)
+        if outputs or metrics:
+            self.watch.heard()
         if metrics:
             self.core.record_metrics(metrics)
 
@@ -182,10 +190,12 @@ class Dispatch:
         waiting = {}
         for rank, polled in replies.values().items():  # a dead rank's run result reports its death
             self._emit(rank, polled["outputs"], polled["metrics"])
+            self.watch.polled(rank, polled)
             if polled.get("collective"):
                 waiting[rank] = polled["collective"]
         if waiting and self.results:  # ranks wait in a collective for peers whose call already ended
             tell_finished(self._slot(0).actor, self.results, waiting, self._told)
+        self.watch.round_done()
 
     def _interrupt(self) -> None:
         self._ask(sorted(self.pending.values()), lambda s: s.actor.interrupt.remote(), timing.INTERRUPT_WAIT_S,

@@ -55,7 +55,8 @@ class Runner:
 
     def run(self, source: str, ranks: Optional[Sequence[int]] = None, *, output: str = "rank0",
             sink: Optional[OutputSink] = None, setup: Optional[bool] = None, on_failure: str = "raise",
-            max_failures: int = 1, background: bool = False) -> Any:
+            max_failures: int = 1, background: bool = False, quiet_after_s: float = 0.0,
+            prompt: Optional[Callable[[str], str]] = None) -> Any:
         """Run cell source on the ranks (see ``WorkerGroup.run``)."""
         if output not in OUTPUT_MODES:
             raise GroupError(f"output={output!r} is unknown: use rank0, all or none")
@@ -71,14 +72,15 @@ class Runner:
         attempt = 0
         while True:
             try:
-                return self.run_once(source, ranks, output, sink, setup)
+                return self.run_once(source, ranks, output, sink, setup, quiet_after_s, prompt)
             except WorkerError as exc:
                 if not recover_and_retry(self.owner, exc, on_failure, attempt, max_failures, sink):
                     raise
                 attempt += 1
 
     def run_once(self, source: str, ranks: Optional[Sequence[int]], output: str, sink: OutputSink,
-                 setup: Optional[bool]) -> CellResult:
+                 setup: Optional[bool], quiet_after_s: float = 0.0,
+                 prompt: Optional[Callable[[str], str]] = None) -> CellResult:
         self.core.check_usable()
         targets = self.targets(ranks)
         cell_id = self.core.next_cell_id()
@@ -99,7 +101,7 @@ class Runner:
             partial = len(targets) < self.core.num_workers
             results = self.dispatch(
                 lambda s, fw, co: s.actor.run_cell_packed.remote((source, cell_id, True, base, partial, fw, co)),
-                targets, sink, output, shown)
+                targets, sink, output, shown, quiet_after_s=quiet_after_s, prompt=prompt)
         finally:
             self.core.run_storage.advance(max(self.core.reports_seen(base), 0))
         values = {r: res.value for r, res in results.items()}
@@ -132,9 +134,12 @@ class Runner:
         return [results[r].value for r in targets]
 
     def dispatch(self, submit: Callable[[Slot, Any, Any], Any], targets: List[int], sink: OutputSink,
-                 mode: str, shown: Sequence[int]) -> Dict[int, CellOutcome]:
-        """Run one call on ``targets``: ``submit(slot, framework spec, collective spec)`` sends it to a rank."""
+                 mode: str, shown: Sequence[int], quiet_after_s: float = 0.0,
+                 prompt: Optional[Callable[[str], str]] = None) -> Dict[int, CellOutcome]:
+        """Run one call on ``targets``: ``submit(slot, framework spec, collective spec)`` sends it to a rank
+        (``quiet_after_s``, ``prompt``: the quiet-cell notice and the debugger prompt, ``cellwatch.py``)."""
         with self._cell_lock:
+            self.core.vitals.new_cell()
             collectives = self.rounds.specs([s.actor for s in self.core.slots], targets)
             for r in targets:  # before the state change, so observers see the running ranks
                 self.core.slots[r].mark(SlotState.RUNNING)
@@ -143,7 +148,7 @@ class Runner:
                 with self.core.driver_cell(targets) as specs:  # a framework backend's collective for this cell
                     refs = {submit(self.core.slots[r], spec, co): r
                             for r, spec, co in zip(targets, specs, collectives)}
-                    run = Dispatch(self.core, self.owner.replace, refs, sink, mode, shown)
+                    run = Dispatch(self.core, self.owner.replace, refs, sink, mode, shown, prompt, quiet_after_s)
                     results = run.collect()
             except BaseException:
                 self._settle({})

@@ -1,10 +1,10 @@
 """WorkerGroup: a persistent group of Ray actors that runs cells and functions.
 
 The magics and the dashboard are thin layers over the public methods here; everything a user can click can
-be scripted. ``WorkerGroup`` is a facade: the group's mutable parts live in one private core (``core.py``),
-and each job is one part acting on it: forming the group (``formation.py``), running code
-(``execution.py``), liveness (``liveness.py``), recovery (``recovery.py``: a plan, carried out by
-``executor.py``), snapshots (``snapshots.py``). Nothing outside reaches into the core.
+be scripted. ``WorkerGroup`` is a facade: the group's mutable parts live in one private core (``core.py``), and
+each job is one part acting on it: forming the group (``formation.py``), running code (``execution.py``),
+liveness (``liveness.py``), recovery (``recovery.py``: a plan, carried out by ``executor.py``), snapshots
+(``snapshots.py``), looking inside (``whereabouts.py``, ``debug.py``). Nothing outside reaches into the core.
 """
 from __future__ import annotations
 
@@ -17,11 +17,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from .. import frontend
 from ..checkpoint.run_storage import RunStorage
 from ..errors import GroupError
-from ..output import OutputSink
+from ..output import OutputSink, TextSink
 from ..worker.checkpointing import read_storage_marker
 from . import liveness
 from .config import GroupConfig
 from .core import GroupCore, Settings
+from .debug import post_mortem
 from .execution import Runner
 from .formation import Formation
 from .monitor import HealthMonitor
@@ -31,6 +32,7 @@ from .snapshots import RollbackResult, checkpoint, load, rollback, wait_backgrou
 from .state import GroupState
 from .timing import DEFAULT_HEARTBEAT_TIMEOUT_S
 from .types import WorkerStatus
+from .whereabouts import Whereabouts, where
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +166,8 @@ class WorkerGroup:
 
     def run(self, source: str, ranks: Optional[Sequence[int]] = None, *, output: str = "rank0",
             sink: Optional[OutputSink] = None, setup: Optional[bool] = None, on_failure: str = "raise",
-            max_failures: int = 1, background: bool = False) -> Any:
+            max_failures: int = 1, background: bool = False, quiet_after_s: float = 0.0,
+            prompt: Optional[Callable[[str], str]] = None) -> Any:
         """Run cell source in each worker's persistent namespace (IPython semantics).
 
         Output streams to ``sink`` while the cell runs; the value of a trailing
@@ -182,6 +185,9 @@ class WorkerGroup:
                 the cell runs again, at most ``max_failures`` times (-1: no limit).
             background: return at once a :class:`BackgroundRun` (``.wait()`` for the result);
                 output keeps going to ``sink``; status, checkpoint, interrupt and pull work meanwhile.
+            quiet_after_s: a cell with no output and no report this long says once where every rank is
+                (:meth:`where`); 0 never (``%%distributed`` says 60).
+            prompt: reads a line for a ``breakpoint()`` in the cell (e.g. ``input``); None refuses it in one line.
 
         Returns:
             A :class:`CellResult`.
@@ -190,7 +196,8 @@ class WorkerGroup:
             WorkerError: the cell raised on some ranks (merged, shown as the cell's traceback).
         """
         return self._runner.run(source, ranks, output=output, sink=sink, setup=setup, on_failure=on_failure,
-                                max_failures=max_failures, background=background)
+                                max_failures=max_failures, background=background, quiet_after_s=quiet_after_s,
+                                prompt=prompt)
 
     def execute(self, fn: Callable[..., Any], *args: Any, ranks: Optional[Sequence[int]] = None,
                 sink: Optional[OutputSink] = None, output: str = "rank0", **kwargs: Any) -> List[Any]:
@@ -226,30 +233,33 @@ class WorkerGroup:
     # -- looking and controlling (:mod:`.liveness`) -------------------------------------------
 
     def status(self, ping: bool = True) -> List[WorkerStatus]:
-        """One :class:`WorkerStatus` per rank; dead workers show as ``dead``.
+        """One :class:`WorkerStatus` per rank (state, resources, step time, slow); dead workers show as ``dead``.
 
-        Args:
-            ping: ask every live worker first, all at once (up to ``timing.PING_S``), so a death Ray
-                knows of counts; ``False`` answers at once from what the group already knows (observers,
-                the dashboard).
+        ``ping``: ask every live worker first, all at once (up to ``timing.PING_S``), so a death Ray knows of
+        counts; ``False`` answers at once from what the group already knows (observers, the dashboard).
         """
         return liveness.status(self._core, ping)
 
     def interrupt(self) -> List[Dict[str, Any]]:
-        """Interrupt the running code on every rank (KeyboardInterrupt in user code).
-
-        Every live rank is asked at once, with one deadline (``timing.INTERRUPT_CALL_S``) for all: a rank
-        that did not answer by then is ``unreachable``.
-        """
+        """Interrupt the running code on every rank (KeyboardInterrupt in user code), every live rank asked at
+        once under one deadline (``timing.INTERRUPT_CALL_S``): a rank that did not answer is ``unreachable``."""
         return liveness.interrupt(self._core)
 
-    def dashboard(self, **options: Any) -> Any:
-        """This group's live dashboard (one per group): per-rank progress, a metrics plot, the
-        checkpoint list and the recovery buttons. Shown when it is a cell's value.
+    def where(self) -> Whereabouts:
+        """Where every rank's running code is now (``%dist_where``), every rank asked at once (``timing.WHERE_S``):
+        ``str()`` groups ranks with the same stack (``ranks 0, 2: in all_reduce for 61 s (cell 5, line 4)``)."""
+        return where(self._core)
 
-        The widgets live in the notebook layer, which registers them with the core
-        (:mod:`~raytrain_nb._internal.frontend`), so the core never imports IPython or ipywidgets.
-        ``options`` go to the dashboard the first time (e.g. ``plot_interval_s``).
+    def debug(self, rank: Optional[int] = None, prompt: Optional[Callable[[str], str]] = None,
+              sink: Optional[OutputSink] = None) -> str:
+        """pdb post-mortem on ``rank``'s last failure (default: the lowest failed rank) on its cell thread
+        (``%dist_debug``): lines read with ``prompt`` (default ``input``), pdb's output to ``sink``; ``q`` ends it."""
+        return post_mortem(self._core, rank, prompt, sink or TextSink())
+
+    def dashboard(self, **options: Any) -> Any:
+        """This group's live dashboard (one per group): per-rank progress, a metrics plot, the checkpoint list and
+        the recovery buttons; shown when it is a cell's value. The widgets live in the notebook layer, registered
+        with the core (``frontend.py``); ``options`` go to it the first time (e.g. ``plot_interval_s``).
         """
         return frontend.dashboard(self, **options)
 
@@ -268,11 +278,8 @@ class WorkerGroup:
         cell, the dashboard), at the next ``report()`` on every rank, or fails after ``timeout_s``.
         With ``blocking=False`` the state is copied in memory, then written in the background.
 
-        Returns:
-            The committed :class:`CheckpointEntry` (None when ``blocking=False``).
-
-        Raises:
-            SnapshotError: e.g. an optimizer whose model is not bound to a name.
+        Returns the committed :class:`CheckpointEntry` (None when ``blocking=False``); raises ``SnapshotError``
+        (e.g. an optimizer whose model is not bound to a name).
         """
         return checkpoint(self._core, name, list(vars), blocking, timeout_s)
 
@@ -306,10 +313,6 @@ class WorkerGroup:
         Raises:
             CheckpointError: not a checkpoint of named state, or damaged; GroupError: a saved name
                 is missing here or its shape differs (nothing is loaded then).
-
-        Example:
-            >>> group.load(results.get_best_result())   # doctest: +SKIP
-            loaded /runs/trial_1/checkpoint_000003: restored model, opt
         """
         return load(self._core, checkpoint, allow_pickle)
 
@@ -345,10 +348,8 @@ class WorkerGroup:
         With ``from_checkpoint`` (a snapshot name, or ``"latest"``) every rank then loads
         that snapshot instead; then no live worker is needed (every rank may have died).
 
-        On a backend that cannot form its collective again in a live process (``tensorflow``) every
-        rank gets a fresh process: the lowest live rank hands over its tracked state (models,
-        optimizers, Keras models, boosters), every new rank replays the setup cells inside the
-        backend, and the state is loaded into the objects the cells made again.
+        On a backend that cannot form its collective again in a live process (``tensorflow``) every rank gets a
+        fresh process, the lowest live rank's tracked state loaded into the objects its replayed setup cells made.
 
         Then every rank runs again the notebook's assignments of its own rank values (``rank =
         get_context().get_world_rank()``, ``world_size``, ``os.environ["RANK"]``...); :attr:`rank_values`
@@ -369,10 +370,9 @@ class WorkerGroup:
     def rescale(self, num_workers: int) -> None:
         """Grow or shrink the group to ``num_workers``, keeping the warm state.
 
-        Dead workers are dropped first; new ranks replay the setup cells and get
-        a live peer's state; the process group is re-formed at the new size,
-        DDP models re-wrapped and ``prepare_data_loader`` samplers re-sharded. On a backend that
-        needs fresh processes (``tensorflow``) every rank is new, as in :meth:`restart`. Rank values
+        Dead workers are dropped first; new ranks replay the setup cells and get a live peer's state; the process
+        group is re-formed at the new size, DDP models re-wrapped and ``prepare_data_loader`` samplers re-sharded.
+        On a backend that needs fresh processes (``tensorflow``) every rank is new, as in :meth:`restart`. Rank values
         (``rank``, ``world_size``...) are re-evaluated on every rank, as in :meth:`restart` (:attr:`rank_values`).
 
         Raises:

@@ -22,8 +22,11 @@ logger = logging.getLogger(__name__)
 
 def ping(core: "GroupCore") -> None:
     """Ask every worker at once (up to ``timing.PING_S``): a death Ray knows of but the monitor has not seen
-    yet marks its rank dead, and an idle group with a dead rank failed."""
-    replies = FANOUT.ask(list(core.slots), lambda s: s.actor.ping.remote(), PING_S, "every rank to answer a ping")
+    yet marks its rank dead, and an idle group with a dead rank failed. The answer is the rank's resources
+    (``vitals.py``)."""
+    replies = FANOUT.ask(list(core.slots), lambda s: s.actor.resources.remote(), PING_S, "every rank to answer a ping")
+    for rank, sample in replies.values().items():
+        core.vitals.take(rank, sample)
     for reply in replies.of(ReplyKind.DIED):
         if not core.slots[reply.rank].gone:
             core.slots[reply.rank].mark(SlotState.DEAD, reply.error.cause)
@@ -37,7 +40,8 @@ def status(core: "GroupCore", ping_first: bool = True) -> List[WorkerStatus]:
         ping(core)
     return [
         WorkerStatus(rank=i, node=s.info.get("node_ip", "?"), pid=s.info.get("pid", 0), device=s.device,
-                     state=s.state, last_metrics=dict(core.latest_metrics.get(i, {})), error=s.error)
+                     state=s.state, last_metrics=dict(core.latest_metrics.get(i, {})), error=s.error,
+                     **core.vitals.of(i))
         for i, s in enumerate(core.slots)
     ]
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 import time as _time
 from typing import Any, Dict, Sequence
 
+from .vitals import resources_text, step_text
+
 
 def _metrics(m: Dict[str, Any], limit: int = 60) -> str:
     parts = []
@@ -15,10 +17,11 @@ def _metrics(m: Dict[str, Any], limit: int = 60) -> str:
 
 def format_status(rows: Sequence[Any]) -> str:
     """A fixed-width table of :class:`WorkerStatus` rows."""
-    header = ("rank", "node", "pid", "device", "state", "last metrics")
+    header = ("rank", "node", "pid", "device", "state", "resources", "step", "last metrics")
     table = [header] + [
         (str(r.rank), r.node, str(r.pid), r.device, r.state + (f" ({r.error})" if r.error and r.state == "dead" else ""),
-         _metrics(r.last_metrics))
+         resources_text(getattr(r, "resources", {})) or "-",
+         step_text(getattr(r, "step_time", None), getattr(r, "slow", False)) or "-", _metrics(r.last_metrics))
         for r in rows
     ]
     widths = [max(len(row[i]) for row in table) for i in range(len(header) - 1)]

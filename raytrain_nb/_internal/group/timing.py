@@ -42,3 +42,9 @@ DEFAULT_HEARTBEAT_TIMEOUT_S = 15.0
 #: groups it keeps, and how long it lives without anything to watch before it ends itself.
 KEEPER_POLL_S = 0.5
 KEEPER_IDLE_S = 120.0
+#: ``%dist_where``: how long every rank has to say where it is (a rank whose C code holds its GIL cannot).
+WHERE_S = 2.0
+#: How long ``py-spy dump`` may take for a rank that did not answer.
+PYSPY_S = 5.0
+#: A foreground cell silent this long (no output, no report) prints where every rank is, once.
+QUIET_AFTER_S = 60.0

@@ -18,6 +18,11 @@ class WorkerStatus:
     state: SlotState
     last_metrics: Dict[str, Any]
     error: str = ""
+    #: CPU %, RSS, memory limit and GPU as last sampled (``cpu``, ``rss``, ``mem_flag``, ``gpu_util``...; see
+    #: ``worker/resources.py``); empty until the rank answered a ping or a poll.
+    resources: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    step_time: Optional[float] = None  # seconds between its last two report() calls in a cell
+    slow: bool = False  # its step time stayed above 1.5x its peers' median (``group/vitals.py``)
 
 
 @dataclasses.dataclass

@@ -29,6 +29,8 @@ from .collective import CONTROL_METHODS as COLLECTIVE_CALLS
 from .collective import CollectiveWorker, begin as begin_collectives, release_waiting, waiting_at
 from .display import WorkerDisplay
 from .forming import FormingWorker
+from .inspecting import CONTROL_METHODS as INSPECTING_CALLS
+from .inspecting import InspectingWorker
 from .framework import call_in, release_current
 from .outcome import CellOutcome, pickle_exception
 from .session import WorkerSession
@@ -40,7 +42,7 @@ logger = logging.getLogger(__name__)
 PREPARING = ("_preload", "_warm_imports")
 
 
-class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker):
+class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWorker):
     """One rank of a :class:`~raytrain_nb.WorkerGroup` (a Ray actor when spawned)."""
 
     def __init__(self, cwd: Optional[str] = None, sys_path: Sequence[str] = (),
@@ -75,6 +77,7 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker):
         self._preloaded = threading.Event()
         self.preload_s = 0.0
         self._init_checkpointing()
+        self._init_inspecting()
         # Import heavy modules (torch) while the driver sets up the rest of the group, on the cell
         # thread: a second thread importing torch.distributed during that import kills the process.
         self._cells.submit(self._preload, tuple(preload))
@@ -155,10 +158,12 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker):
                     continue
 
     def _failure(self, exc: BaseException) -> RankFailure:
+        self.debugger.keep_failure(exc)  # for %dist_debug, until the next cell starts
         tb = cellmod.format_user_traceback(exc)
         return failure_from_exception(self.rank, exc, tb, node=os.uname().nodename, pickled=pickle_exception(exc))
 
     def _begin(self, label: str) -> OutputBuffer:
+        self._inspect_cell_begins()
         buf = OutputBuffer()
         with self._lock:
             self._buffer = buf
@@ -307,6 +312,7 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker):
             "metrics": self.session.drain() if self.session is not None else [],
             "running": running,
             "collective": waiting_at(),
+            **self._inspect_poll(),
         }
 
     def activity(self) -> Dict[str, Any]:
@@ -353,7 +359,7 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker):
 
 
 CONTROL_METHODS = ("ping", "poll", "activity", "release", "stack", "interrupt", "request_snapshot", "cancel_snapshot",
-                   "snapshot_wait", "pull") + COLLECTIVE_CALLS  # pull: reading a value works while a cell runs
+                   "snapshot_wait", "pull") + COLLECTIVE_CALLS + INSPECTING_CALLS  # pull: works while a cell runs
 for _name in CONTROL_METHODS:  # what ray.method(concurrency_group="control") sets
     getattr(Worker, _name).__ray_concurrency_group__ = "control"
 Worker.watch.__ray_concurrency_group__ = "monitor"
