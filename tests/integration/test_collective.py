@@ -63,11 +63,24 @@ def test_rank0_prepares_while_the_others_wait_then_broadcasts(kind, group, none_
         assert per_barrier_ms < 500, f"rank {rank}: {per_barrier_ms:.0f} ms a barrier"
 
 
-def test_a_rank_that_never_arrives_is_named_within_the_deadline(none_group, monkeypatch):
+#: Rank 0 waits at a barrier; rank 1 stays busy until well past rank 0's deadline (1.5 s), never arriving.
+NEVER_ARRIVES = """
+if rank == 0:
+    open({flag!r}, "w").close()
+    collective.barrier()
+else:
+    waited = time.monotonic() + 30
+    while not os.path.exists({flag!r}) and time.monotonic() < waited:
+        time.sleep(0.02)
+    time.sleep(2.5)
+"""
+
+
+def test_a_rank_that_never_arrives_is_named_within_the_deadline(none_group, monkeypatch, tmp_path):
     monkeypatch.setenv(settings.COLLECTIVE_TIMEOUT_S.name, "1.5")
     started = time.monotonic()
     with pytest.raises(WorkerError) as info:
-        quiet(none_group, "if rank == 0:\n    collective.barrier()\nelse:\n    time.sleep(3)")
+        quiet(none_group, NEVER_ARRIVES.format(flag=str(tmp_path / "rank0_arrived")))
     assert time.monotonic() - started < 15
     assert info.value.ranks == [0] and info.value.type_names == ["CollectiveTimeoutError"]
     assert str(info.value) == ("[rank 0] CollectiveTimeoutError: barrier(): rank 1 did not arrive within 1.5 s "
@@ -118,7 +131,8 @@ def test_ctrl_c_releases_a_rank_waiting_at_the_barrier(group):
     with pytest.raises(WorkerError) as info:
         background.wait(30)
     assert time.monotonic() - started < 5
-    assert {s["state"] for s in states} == {"stopped"} and set(info.value.type_names) == {"KeyboardInterrupt"}
+    assert {s["state"] for s in states} <= {"stopped", "released"}
+    assert set(info.value.type_names) == {"KeyboardInterrupt"}
     quiet(group, STEP)  # the process group re-formed: DDP trains
     assert _values(group, "collective.broadcast_from_rank_zero(rank)") == {0: 0, 1: 0}
 
