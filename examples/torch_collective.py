@@ -74,7 +74,7 @@ if __name__ == "__main__":
         )
         result = trainer.fit()
         expected = torch.load(os.path.join(data_dir, "train.pt"), weights_only=True)["x"].mean(dim=0)[0].item()
-    print(f"final metrics: {result.metrics}")
+    print(f"metrics of the last checkpoint: {result.metrics}")
     assert result.metrics["epoch"] == 2 and abs(result.metrics["mean0"] - expected) < 1e-6
     with result.checkpoint.as_directory() as checkpoint_dir:
         saved = torch.load(os.path.join(checkpoint_dir, "model.pt"), weights_only=True)
