@@ -18,7 +18,8 @@ from ._internal import frontend as _frontend
 from ._internal.frameworks import boosting as _boosting
 from ._internal.frameworks import tensorflow_backend as _tensorflow_backend
 from ._internal.worker import framework as _framework
-from ._internal.worker.session import TrainContext, get_checkpoint, get_context, get_dataset_shard, report
+from ._internal.worker.session import (TRAIN_DATASET_KEY, TrainContext, get_checkpoint, get_context,
+                                      get_dataset_shard, report)
 from .notebook.frontend import FRONTEND as _NOTEBOOK_FRONTEND
 
 # The core shows dashboards through a hook; the notebook layer is what fills it.
@@ -63,6 +64,20 @@ _LAZY = {
     "ControllerError": ("._internal.train.failures", "ControllerError"),
     "NCCLHangError": ("._internal.train.failures", "NCCLHangError"),
     "PreemptionError": ("._internal.train.failures", "PreemptionError"),
+    "LoggingConfig": ("._internal.train.config", "LoggingConfig"),
+    "SyncConfig": ("._internal.train.config", "SyncConfig"),
+    "NotSupportedError": ("._internal.errors", "NotSupportedError"),
+    # Ray Train V2's report() options, reported checkpoints, validation and preemption notices
+    "CheckpointUploadMode": ("._internal.worker.report_api", "CheckpointUploadMode"),
+    "CheckpointConsistencyMode": ("._internal.worker.report_api", "CheckpointConsistencyMode"),
+    "ReportedCheckpoint": ("._internal.worker.report_api", "ReportedCheckpoint"),
+    "ReportedCheckpointStatus": ("._internal.worker.report_api", "ReportedCheckpointStatus"),
+    "ValidationConfig": ("._internal.worker.report_api", "ValidationConfig"),
+    "ValidationFn": ("._internal.worker.report_api", "ValidationFn"),
+    "ValidationTaskConfig": ("._internal.worker.report_api", "ValidationTaskConfig"),
+    "PreemptionInfo": ("._internal.worker.report_api", "PreemptionInfo"),
+    "get_all_reported_checkpoints": ("._internal.worker.report_api", "get_all_reported_checkpoints"),
+    "get_preemption_info": ("._internal.worker.report_api", "get_preemption_info"),
     "UserCallback": ("._internal.train.callbacks", "UserCallback"),
     "TrainRunContext": ("._internal.train.callbacks", "TrainRunContext"),
     "JsonLoggerCallback": ("._internal.train.callbacks", "JsonLoggerCallback"),
@@ -71,7 +86,7 @@ _LAZY = {
     "TBXLoggerCallback": ("._internal.train.callbacks", "TBXLoggerCallback"),
 }
 
-__all__ = ["TrainContext", "get_checkpoint", "get_context", "get_dataset_shard", "report",
+__all__ = ["TRAIN_DATASET_KEY", "TrainContext", "get_checkpoint", "get_context", "get_dataset_shard", "report",
            "load_ipython_extension", "unload_ipython_extension", *_LAZY]
 
 

@@ -167,6 +167,19 @@ class ProcessGroupState:
             self.generation += 1
         logger.debug("rank %d joined %s group (%d sockets)", rank, backend, len(self._sockets))
 
+    def set_timeout(self, timeout_s: float) -> None:
+        """Give this process's group's collectives ``timeout_s`` seconds (``TorchConfig(timeout_s=...)``), where
+        torch lets a formed group's timeout change; no group: nothing."""
+        if not self.active:
+            return
+        import torch.distributed as dist  # torch: loaded on first use, not on import raytrain_nb
+
+        set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+        if set_timeout is None:
+            raise RuntimeError(f"TorchConfig(timeout_s={timeout_s}): this torch cannot change a formed process "
+                               "group's timeout; use the default 1800")
+        set_timeout(datetime.timedelta(seconds=timeout_s))
+
     def open_store(self, master_addr: str, world_size: int, timeout_s: float = FORM_TIMEOUT_S) -> int:
         """On rank 0: start the rendezvous server now, so the other ranks connect at once
         (a client that comes before the server backs off for hundreds of ms). Returns its port."""

@@ -132,6 +132,11 @@ class ConfigError(RaytrainNbError, ValueError):
     """A trainer argument or config field has a bad value, or cannot be honoured here."""
 
 
+class NotSupportedError(ConfigError, NotImplementedError):
+    """Ray Train API that exists here by name but cannot be honoured: an argument set to what cannot be done, or a
+    function, method or property used. The message names the feature and what to do instead."""
+
+
 class SnapshotError(RaytrainNbError):
     """The namespace cannot be snapshot or rolled back as asked."""
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, Type
 
-from .errors import ConfigError, GroupError
+from .errors import ConfigError, GroupError, NotSupportedError
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 BACKENDS = ("gloo", "nccl", "none")
@@ -41,9 +41,16 @@ def fail(cls: str, field: str, value: Any, why: str) -> None:
 
 
 def refuse(cls: str, obj: Any, defaults: Dict[str, Any], why: str) -> None:
-    """Raise for Ray Train arguments that were set but cannot be honoured here."""
+    """Raise :class:`NotSupportedError` (a ``ConfigError``) for Ray Train arguments set to what cannot be honoured
+    here (any value other than ``defaults``)."""
     for field, default in defaults.items():
         value = getattr(obj, field)
         if value != default:
-            fail(cls, field, value, f"{why.format(field=field)} (see the README's list of unsupported Ray "
-                                    "Train API)")
+            raise NotSupportedError(f"{cls}({field}={value!r}): {why.format(field=field)} (see the README's list of "
+                                    "unsupported Ray Train API)")
+
+
+def not_supported(what: str, instead: str) -> NotSupportedError:
+    """The error for using Ray Train API that exists here by name only: ``what`` names it, ``instead`` the way out."""
+    return NotSupportedError(f"{what} is not supported here: {instead} (see the README's list of unsupported Ray "
+                             "Train API)")

@@ -1,4 +1,4 @@
 """Keras callbacks, mirroring ``ray.train.tensorflow.keras``."""
-from .._internal.frameworks.tensorflow_utils import ReportCheckpointCallback
+from .._internal.frameworks.tensorflow_utils import RayReportCallback, ReportCheckpointCallback, TensorflowCheckpoint
 
-__all__ = ["ReportCheckpointCallback"]
+__all__ = ["RayReportCallback", "ReportCheckpointCallback", "TensorflowCheckpoint"]

@@ -1,8 +1,8 @@
 """Trainer configs and arguments: bad values are rejected at once, naming the field and the value."""
 import pytest
 
-from raytrain_nb import (CheckpointConfig, ConfigError, DataConfig, DataParallelTrainer, FailureConfig, RunConfig,
-                         ScalingConfig)
+from raytrain_nb import (CheckpointConfig, ConfigError, DataConfig, DataParallelTrainer, FailureConfig, LoggingConfig,
+                         NotSupportedError, RunConfig, ScalingConfig)
 from raytrain_nb._internal.train.config import BackendConfig, TorchConfig
 
 
@@ -24,7 +24,17 @@ def loop(config):
     (lambda: ScalingConfig(resources_per_worker={"GPU": 1}), r"asks for GPUs but use_gpu=False"),
     (lambda: ScalingConfig(placement_strategy="RANDOM"), r"placement_strategy='RANDOM'\): use one of PACK"),
     (lambda: ScalingConfig(use_tpu=True), r"use_tpu=True\): TPUs are not supported"),
-    (lambda: ScalingConfig(accelerator_type="A100"), r"accelerator_type='A100'\): needs use_gpu=True"),
+    (lambda: ScalingConfig(accelerator_type=""), r"accelerator_type=''\): pass a name such as 'A100'"),
+    (lambda: ScalingConfig(2), r"ScalingConfig\(trainer_resources=2\): the first argument is trainer_resources, as "
+                               r"in Ray Train: write ScalingConfig\(num_workers=2\)"),
+    (lambda: ScalingConfig(label_selector={"zone": "a"}), r"label_selector=\{'zone': 'a'\}\): placing workers by "
+                                                          r"node labels is not supported"),
+    (lambda: ScalingConfig(elastic_resize_monitor_interval_s=5), r"elastic_resize_monitor_interval_s=5\)"),
+    (lambda: ScalingConfig(use_gpu=True, resources_per_worker={"GPU": 0}), r"asks for 0 GPUs but use_gpu=True"),
+    (lambda: FailureConfig(controller_failure_limit=3), r"controller_failure_limit=3\): there is no controller"),
+    (lambda: FailureConfig(max_preemption_failures=2), r"max_preemption_failures=2\): preemption notices"),
+    (lambda: FailureConfig(preemption_grace_s=5.0), r"preemption_grace_s=5.0\)"),
+    (lambda: FailureConfig(relax_collectives_on_preemption=True), r"relax_collectives_on_preemption=True\)"),
     (lambda: FailureConfig(max_failures=-2), r"FailureConfig\(max_failures=-2\): pass a whole number >= 0, or -1"),
     (lambda: FailureConfig(max_failures=1.5), r"max_failures=1.5"),
     (lambda: FailureConfig(fail_fast=True), r"fail_fast=True\): fail_fast is a Ray Tune option"),
@@ -39,13 +49,16 @@ def loop(config):
     (lambda: RunConfig(checkpoint_config=3), r"checkpoint_config=3\)"),
     (lambda: RunConfig(callbacks=object()), r"callbacks=.*pass a list"),
     (lambda: RunConfig(callbacks=[object()]), r"callbacks=.*needs an after_report or after_exception"),
-    (lambda: RunConfig(stop={"loss": 0.1}), r"RunConfig\(stop=\{'loss': 0.1\}\): stop is not supported"),
-    (lambda: RunConfig(worker_runtime_env={"pip": ["x"]}), r"worker_runtime_env=.*not supported"),
+    (lambda: RunConfig(stop={"loss": 0.1}), r"RunConfig\(stop=\{'loss': 0.1\}\): stop is a Ray Tune option"),
+    (lambda: RunConfig(worker_runtime_env="env"), r"worker_runtime_env='env'\): pass a dict"),
+    (lambda: RunConfig(logging_config="DEBUG"), r"logging_config='DEBUG'\): pass a raytrain_nb.LoggingConfig"),
+    (lambda: LoggingConfig("LOUD"), r"LoggingConfig\(log_level='LOUD'\): use a logging level"),
+    (lambda: DataConfig(enable_shard_locality="yes"), r"enable_shard_locality='yes'\): pass True or False"),
     (lambda: RunConfig(verbose=7), r"verbose=7\)"),
     (lambda: RunConfig(storage_filesystem="s3"), r"storage_filesystem='s3'\): pass a pyarrow"),
     (lambda: DataConfig(datasets_to_split="train"), r"DataConfig\(datasets_to_split='train'\)"),
     (lambda: TorchConfig(backend="mpi"), r"TorchConfig\(backend='mpi'\): use one of gloo"),
-    (lambda: TorchConfig(timeout_s=60), r"TorchConfig\(timeout_s=60\): cannot be honoured"),
+    (lambda: TorchConfig(timeout_s=0), r"TorchConfig\(timeout_s=0\): pass a number of seconds > 0"),
     (lambda: BackendConfig(backend="x"), r"BackendConfig\(backend='x'\)"),
 ])
 def test_bad_config_names_the_field_and_value(make, match):
@@ -54,9 +67,11 @@ def test_bad_config_names_the_field_and_value(make, match):
     assert isinstance(info.value, ValueError) and "\n" not in str(info.value)
 
 
-def test_configs_are_keyword_only_and_defaults_follow_ray_train():
-    with pytest.raises(TypeError):
-        ScalingConfig(2)  # noqa: the positional form is refused
+def test_configs_take_ray_trains_arguments_by_position_and_defaults_follow_ray_train():
+    assert RunConfig("exp").name == "exp" and CheckpointConfig(2).num_to_keep == 2
+    assert FailureConfig(3).max_failures == 3 and TorchConfig("gloo", "env", 60).timeout_s == 60
+    assert ScalingConfig(None, 2).num_workers == 2 and LoggingConfig("debug").log_level == "DEBUG"
+    assert DataConfig(["train"], None, False).enable_shard_locality is False
     s = ScalingConfig(num_workers=[2, 4])
     assert (s.elastic, s.min_workers, s.max_workers, s.num_workers) == (True, 2, 4, (2, 4))
     assert ScalingConfig().group_kwargs() == {"cpus_per_worker": 1.0, "gpus_per_worker": 0, "resources_per_worker": None,

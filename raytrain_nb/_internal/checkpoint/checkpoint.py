@@ -199,3 +199,29 @@ class Checkpoint:
             self.filesystem, self.path = state["filesystem"], state["path"]
         else:
             self.filesystem, self.path = resolve(state["url"])
+
+
+class FrameworkCheckpoint(Checkpoint):
+    """A framework's checkpoint class (``TorchCheckpoint``, ``XGBoostCheckpoint``, ...): a :class:`Checkpoint`
+    with Ray Train's preprocessor accessors, which never hold one here (Ray Train deprecated them)."""
+
+    def get_preprocessor(self) -> Any:
+        """The fitted preprocessor saved with the checkpoint: always None here (none can be saved)."""
+        return None
+
+    def set_preprocessor(self, preprocessor: Any) -> None:
+        """Save a fitted Ray Data preprocessor with the checkpoint: not supported.
+
+        Raises:
+            CheckpointError: naming what to do instead.
+        """
+        raise CheckpointError(f"{type(self).__name__}.set_preprocessor(...) is not supported (Ray Train deprecated "
+                              "preprocessors in checkpoints): save what the preprocessor needs into the checkpoint "
+                              "directory yourself")
+
+
+def delete_local(checkpoint: Checkpoint) -> None:
+    """Remove a checkpoint's directory when it is on the local disk (``report(...,
+    delete_local_checkpoint_after_upload=True)``, once its files were uploaded); any other filesystem is left."""
+    if is_local(checkpoint.filesystem) and os.path.isdir(checkpoint.path):
+        shutil.rmtree(checkpoint.path)

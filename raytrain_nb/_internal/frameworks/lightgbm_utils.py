@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from ..checkpoint.checkpoint import Checkpoint
+from ..checkpoint.checkpoint import Checkpoint, FrameworkCheckpoint
 from ..extras import require
 from .boosting_report import Metrics, PostProcess, ReportOptions, booster_checkpoint, flatten, report, saved
 
@@ -83,7 +83,7 @@ class RayTrainReportCallback:
             report(metrics)
 
 
-class LightGBMCheckpoint(Checkpoint):
+class LightGBMCheckpoint(FrameworkCheckpoint):
     """A :class:`~raytrain_nb.Checkpoint` holding a LightGBM model (Ray Train's ``LightGBMCheckpoint``)."""
 
     MODEL_FILENAME = "model.txt"

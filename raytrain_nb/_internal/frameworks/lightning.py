@@ -128,9 +128,21 @@ class _Refused:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise NotImplementedError(f"{type(self).__name__} is not supported by raytrain_nb; supported: {SUPPORTED}")
 
+    # Ray Train's members of these strategies, for the same names (no instance exists to reach them).
+    @property
+    def root_device(self) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} is not supported by raytrain_nb; supported: {SUPPORTED}")
+
+    @property
+    def distributed_sampler_kwargs(self) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} is not supported by raytrain_nb; supported: {SUPPORTED}")
+
 
 class RayFSDPStrategy(_Refused):
     """Ray Train's FSDP strategy: not supported (raises on construction; use :class:`RayDDPStrategy`)."""
+
+    def lightning_module_state_dict(self) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} is not supported by raytrain_nb; supported: {SUPPORTED}")
 
 
 class RayDeepSpeedStrategy(_Refused):

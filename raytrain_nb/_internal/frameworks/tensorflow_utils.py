@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
-from ..checkpoint.checkpoint import Checkpoint
+from ..checkpoint.checkpoint import Checkpoint, FrameworkCheckpoint
 from ..extras import require
 from ..worker import session
 from .tensorflow_backend import LEGACY_KERAS
@@ -28,7 +28,7 @@ def prepare_dataset_shard(tf_dataset_shard: Any) -> Any:
     return tf_dataset_shard.with_options(options).prefetch(tf.data.AUTOTUNE)
 
 
-class TensorflowCheckpoint(Checkpoint):
+class TensorflowCheckpoint(FrameworkCheckpoint):
     """A :class:`~raytrain_nb.Checkpoint` holding a Keras model (Ray Train's ``TensorflowCheckpoint``)."""
 
     MODEL_FILENAME_KEY = MODEL_FILENAME_KEY
@@ -79,8 +79,9 @@ class TensorflowCheckpoint(Checkpoint):
             return tf.keras.models.load_model(os.path.join(path, filename))
 
 
-class ReportCheckpointCallback(tf.keras.callbacks.Callback):
-    """Reports Keras's logs and checkpoints the model (Ray Train's ``ReportCheckpointCallback``).
+class RayReportCallback(tf.keras.callbacks.Callback):
+    """Reports Keras's logs and checkpoints the model (Ray Train's ``RayReportCallback``, the base of
+    ``ReportCheckpointCallback``).
 
     Args:
         checkpoint_on: the Keras events (less ``on_``) after which to checkpoint; default ``"epoch_end"``.
@@ -102,7 +103,7 @@ class ReportCheckpointCallback(tf.keras.callbacks.Callback):
         self._report_on = [report_metrics_on] if isinstance(report_metrics_on, str) else list(report_metrics_on)
         unknown = [e for e in self._checkpoint_on + self._report_on if e not in self.EVENTS]
         if unknown:
-            raise ValueError(f"ReportCheckpointCallback: unknown Keras event(s) {unknown}: use one of "
+            raise ValueError(f"{type(self).__name__}: unknown Keras event(s) {unknown}: use one of "
                              f"{', '.join(self.EVENTS)}")
         self._metrics = metrics
         for event in set(self._checkpoint_on + self._report_on):
@@ -148,3 +149,7 @@ def _plain(value: Any) -> Any:
         return float(value)
     except (TypeError, ValueError):
         return value
+
+
+class ReportCheckpointCallback(RayReportCallback):
+    """Ray Train's ``ReportCheckpointCallback``: :class:`RayReportCallback` as Ray Train's examples use it."""

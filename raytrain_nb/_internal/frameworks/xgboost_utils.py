@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from ..checkpoint.checkpoint import Checkpoint
+from ..checkpoint.checkpoint import Checkpoint, FrameworkCheckpoint
 from ..extras import require
 from .boosting_report import Metrics, PostProcess, ReportOptions, booster_checkpoint, flatten, report, saved
 
@@ -74,7 +74,7 @@ class RayTrainReportCallback(xgboost.callback.TrainingCallback):
         return model
 
 
-class XGBoostCheckpoint(Checkpoint):
+class XGBoostCheckpoint(FrameworkCheckpoint):
     """A :class:`~raytrain_nb.Checkpoint` holding an XGBoost model (Ray Train's ``XGBoostCheckpoint``)."""
 
     MODEL_FILENAME = "model.json"

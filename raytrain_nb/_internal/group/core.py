@@ -50,6 +50,8 @@ class Settings:
     num_spares: int
     address: Optional[str] = None
     storage_path: Optional[str] = None
+    #: a Ray runtime environment for every worker actor (``RunConfig(worker_runtime_env=...)``)
+    runtime_env: Optional[Dict[str, Any]] = None
 
 
 class GroupCore:

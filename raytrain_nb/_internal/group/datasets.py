@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 from ..errors import GroupError
 from ..worker.session import set_shards
@@ -29,12 +29,23 @@ if TYPE_CHECKING:  # the group calls in here; this module never imports it at ru
 
 logger = logging.getLogger(__name__)
 
-def split(datasets: Dict[str, Any], n: int, data_config: Optional[Any] = None) -> List[Dict[str, Any]]:
-    """Each rank's iterators: ``streaming_split(n, equal=True)``, or the whole dataset where not split."""
+def split(datasets: Dict[str, Any], n: int, data_config: Optional[Any] = None,
+          node_ids: Optional[List[str]] = None) -> List[Dict[str, Any]]:
+    """Each rank's iterators: what ``data_config.configure(...)`` makes of them (Ray Train's hook, which a
+    ``DataConfig`` subclass may override), or without a config :func:`split_datasets` of every dataset."""
+    if data_config is not None:
+        return data_config.configure(datasets, world_size=n, worker_handles=None, worker_node_ids=node_ids)
+    return split_datasets(datasets, n, lambda name: True)
+
+
+def split_datasets(datasets: Dict[str, Any], n: int, splits: Callable[[str], bool],
+                   locality_hints: Optional[List[str]] = None) -> List[Dict[str, Any]]:
+    """Each rank's iterators: ``streaming_split(n, equal=True)`` (with the ranks' node ids as locality hints,
+    when given) where ``splits(name)``, else the whole dataset."""
     per_rank: List[Dict[str, Any]] = [{} for _ in range(n)]
     for name, ds in datasets.items():
-        if data_config is None or data_config.splits(name):
-            parts = ds.streaming_split(n, equal=True)
+        if splits(name):
+            parts = ds.streaming_split(n, equal=True, locality_hints=locality_hints)
         else:
             parts = [ds.iterator()] * n
         for rank in range(n):
@@ -97,7 +108,9 @@ def attach(group: "WorkerGroup", datasets: Dict[str, Any], data_config: Optional
 def _resplit(group: "WorkerGroup", att: _Attachment) -> None:
     with att.lock:
         n = group.num_workers
-        per_rank = split(att.datasets, n, att.data_config) if att.datasets else [{} for _ in range(n)]
+        node_ids = [slot.info.get("node_id") for slot in group.slots]
+        per_rank = split(att.datasets, n, att.data_config, node_ids if all(node_ids) else None) \
+            if att.datasets else [{} for _ in range(n)]
         group.execute(set_shards, per_rank, output="none")
         att.world_size, att.used = n, False
         logger.debug("datasets %s split %d ways", sorted(att.datasets), n)

@@ -78,6 +78,8 @@ class Formation:
             max_restarts=0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle),
         )
+        if self.core.settings.runtime_env:
+            opts["runtime_env"] = self.core.settings.runtime_env
         shipped = cluster.shipped_working_dir()  # then Ray runs workers in a copy of the folder
         cwd = None if shipped else os.getcwd()
         actor = remote_worker_class().options(**opts).remote(cwd=cwd, sys_path=[] if shipped else [os.getcwd()],

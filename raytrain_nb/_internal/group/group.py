@@ -67,10 +67,10 @@ class WorkerGroup:
         heartbeat_timeout_s: a worker silent this long is reported unresponsive.
         spares: standby workers kept started (torch imported) to replace a dead rank quickly.
         storage_path: where runs are kept (any fsspec URL shared by all workers); default
-            ``RAYTRAIN_NB_STORAGE_PATH`` or ``~/raytrain_nb_results``. The run directory is
-            ``<storage_path>/<name>``.
+            ``RAYTRAIN_NB_STORAGE_PATH`` or ``~/raytrain_nb_results``. The run directory is ``<storage_path>/<name>``.
         num_to_keep, checkpoint_score_attribute, checkpoint_score_order: how many reported
             checkpoints to keep, ranked by which metric (snapshots are always kept).
+        runtime_env: a Ray runtime environment for every worker actor, e.g. ``{"env_vars": {...}}``.
 
     Raises:
         GroupError: bad arguments; ResourceError: the cluster cannot place the group.
@@ -89,7 +89,7 @@ class WorkerGroup:
                  heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S, spares: int = 0,
                  storage_path: Optional[str] = None, num_to_keep: Optional[int] = None,
                  checkpoint_score_attribute: Optional[str] = None, checkpoint_score_order: str = "max",
-                 activate: bool = True) -> None:
+                 activate: bool = True, runtime_env: Optional[Dict[str, Any]] = None) -> None:
         global _ACTIVE
         if isinstance(spares, bool) or not isinstance(spares, int) or spares < 0:
             raise GroupError(f"spares={spares!r} is not allowed: give a whole number, 0 or more (--spares 1)")
@@ -99,7 +99,7 @@ class WorkerGroup:
         name = name or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"  # unique per writer
         settings = Settings(name=name, cpus_asked=float(cpus_per_worker), start_timeout_s=start_timeout_s,
                             placement_timeout_s=placement_timeout_s, num_spares=spares, address=address,
-                            storage_path=storage_path)
+                            storage_path=storage_path, runtime_env=dict(runtime_env) if runtime_env else None)
         storage = RunStorage(storage_path, name, num_to_keep, checkpoint_score_attribute, checkpoint_score_order,
                              owner=f"group {name!r}")
         self._core = core = GroupCore(config, settings, storage)

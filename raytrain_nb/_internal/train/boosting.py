@@ -8,19 +8,17 @@ current machines. Failures, restarts and ``get_checkpoint()`` are the ``DataPara
 from __future__ import annotations
 
 import dataclasses
-import sys
 from typing import Any, Callable, Dict, Optional
 
 from ..validate import fail
 from .config import BackendConfig, DataConfig, RunConfig, ScalingConfig
 from .trainer import DataParallelTrainer
 
-_KW = {"kw_only": True} if sys.version_info >= (3, 10) else {}
 LEGACY = ("{cls}(label_column=..., params=..., num_boost_round=...) is Ray Train's legacy API and is not supported: "
           "pass a train_loop_per_worker that calls {lib}.train(...) instead")
 
 
-@dataclasses.dataclass(**_KW)
+@dataclasses.dataclass
 class XGBoostConfig(BackendConfig):
     """XGBoost's collective (Ray Train's ``XGBoostConfig``).
 
@@ -28,6 +26,7 @@ class XGBoostConfig(BackendConfig):
         xgboost_communicator: only ``"rabit"`` (a tracker on the driver, the communicator on every rank).
     """
 
+    backend: Optional[str] = dataclasses.field(default="xgboost", init=False)
     xgboost_communicator: str = "rabit"
 
     def __post_init__(self) -> None:
@@ -41,10 +40,12 @@ class XGBoostConfig(BackendConfig):
         return {"xgboost_communicator": self.xgboost_communicator}
 
 
-@dataclasses.dataclass(**_KW)
+@dataclasses.dataclass
 class LightGBMConfig(BackendConfig):
     """LightGBM's network (Ray Train's ``LightGBMConfig``): ``get_network_params()`` gives each rank its
     ``machines``, ``local_listen_port`` and ``num_machines``."""
+
+    backend: Optional[str] = dataclasses.field(default="lightgbm", init=False)
 
     def __post_init__(self) -> None:
         if self.backend not in (None, "lightgbm"):
@@ -67,7 +68,7 @@ class _BoostingTrainer(DataParallelTrainer):
                  config: Optional[BackendConfig], scaling_config: Optional[ScalingConfig],
                  run_config: Optional[RunConfig], datasets: Optional[Dict[str, Any]],
                  dataset_config: Optional[DataConfig], resume_from_checkpoint: Optional[Any],
-                 metadata: Optional[Dict[str, Any]], legacy: bool) -> None:
+                 metadata: Optional[Dict[str, Any]], validation_config: Optional[Any], legacy: bool) -> None:
         cls = type(self).__name__
         if legacy:
             raise DeprecationWarning(LEGACY.format(cls=cls, lib=self._library))
@@ -77,7 +78,8 @@ class _BoostingTrainer(DataParallelTrainer):
         super().__init__(train_loop_per_worker, train_loop_config=train_loop_config,
                          backend_config=config or self._backend_config_cls(), scaling_config=scaling_config,
                          run_config=run_config, datasets=datasets, dataset_config=dataset_config,
-                         resume_from_checkpoint=resume_from_checkpoint, metadata=metadata)
+                         resume_from_checkpoint=resume_from_checkpoint, metadata=metadata,
+                         validation_config=validation_config)
 
 
 class XGBoostTrainer(_BoostingTrainer):
@@ -103,13 +105,14 @@ class XGBoostTrainer(_BoostingTrainer):
     def __init__(self, train_loop_per_worker: Callable[..., Any], *, train_loop_config: Optional[Dict[str, Any]] = None,
                  xgboost_config: Optional[XGBoostConfig] = None, scaling_config: Optional[ScalingConfig] = None,
                  run_config: Optional[RunConfig] = None, datasets: Optional[Dict[str, Any]] = None,
-                 dataset_config: Optional[DataConfig] = None, metadata: Optional[Dict[str, Any]] = None,
-                 resume_from_checkpoint: Optional[Any] = None, label_column: Optional[str] = None,
+                 dataset_config: Optional[DataConfig] = None, validation_config: Optional[Any] = None,
+                 metadata: Optional[Dict[str, Any]] = None, resume_from_checkpoint: Optional[Any] = None,
+                 label_column: Optional[str] = None,
                  params: Optional[Dict[str, Any]] = None, num_boost_round: Optional[int] = None) -> None:
         super().__init__(train_loop_per_worker, train_loop_config=train_loop_config, config=xgboost_config,
                          scaling_config=scaling_config, run_config=run_config, datasets=datasets,
                          dataset_config=dataset_config, resume_from_checkpoint=resume_from_checkpoint,
-                         metadata=metadata,
+                         metadata=metadata, validation_config=validation_config,
                          legacy=label_column is not None or params is not None or num_boost_round is not None)
 
 
@@ -130,11 +133,12 @@ class LightGBMTrainer(_BoostingTrainer):
     def __init__(self, train_loop_per_worker: Callable[..., Any], *, train_loop_config: Optional[Dict[str, Any]] = None,
                  lightgbm_config: Optional[LightGBMConfig] = None, scaling_config: Optional[ScalingConfig] = None,
                  run_config: Optional[RunConfig] = None, datasets: Optional[Dict[str, Any]] = None,
-                 dataset_config: Optional[DataConfig] = None, metadata: Optional[Dict[str, Any]] = None,
-                 resume_from_checkpoint: Optional[Any] = None, label_column: Optional[str] = None,
+                 dataset_config: Optional[DataConfig] = None, validation_config: Optional[Any] = None,
+                 metadata: Optional[Dict[str, Any]] = None, resume_from_checkpoint: Optional[Any] = None,
+                 label_column: Optional[str] = None,
                  params: Optional[Dict[str, Any]] = None, num_boost_round: Optional[int] = None) -> None:
         super().__init__(train_loop_per_worker, train_loop_config=train_loop_config, config=lightgbm_config,
                          scaling_config=scaling_config, run_config=run_config, datasets=datasets,
                          dataset_config=dataset_config, resume_from_checkpoint=resume_from_checkpoint,
-                         metadata=metadata,
+                         metadata=metadata, validation_config=validation_config,
                          legacy=label_column is not None or params is not None or num_boost_round is not None)

@@ -54,16 +54,18 @@ class TrainRunContext:
 
 
 class UserCallback:
-    """Base class of run callbacks; override the hooks you need."""
+    """Base class of run callbacks; override the hooks you need, in Ray Train's form (``run_context`` first) or
+    without ``run_context``."""
 
     def setup(self, context: TrainRunContext) -> None:
         """Called once before the run starts."""
 
-    def after_report(self, metrics: List[Dict[str, Any]], checkpoint: Optional[Any]) -> None:
+    def after_report(self, run_context: TrainRunContext, metrics: List[Dict[str, Any]],
+                     checkpoint: Optional[Any]) -> None:
         """Called on the driver once every rank reported: ``metrics`` by rank, the committed checkpoint or None."""
 
-    def after_exception(self, errors: Dict[int, BaseException]) -> None:
-        """Called when an attempt failed: rank -> exception (a ``WorkerError`` with that rank's traceback)."""
+    def after_exception(self, run_context: TrainRunContext, worker_exceptions: Dict[int, BaseException]) -> None:
+        """Called when an attempt failed: rank -> the exception that rank raised."""
 
     def teardown(self) -> None:
         """Called once after the run ends (also after a failure)."""

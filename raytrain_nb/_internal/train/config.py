@@ -1,10 +1,13 @@
 """Ray Train's configuration classes, validated on construction.
 
-``ScalingConfig``, ``RunConfig``, ``FailureConfig``, ``CheckpointConfig``, ``DataConfig``,
-``TorchConfig`` and ``BackendConfig`` take Ray Train's arguments, so a ported script builds them
-unchanged. Every field is checked in ``__post_init__``; a bad value raises :class:`ConfigError`
-(a ``ValueError``) in one line naming the class, the field and the value. Arguments Ray Train has
-but this project cannot honour raise too, naming them, instead of being ignored.
+``ScalingConfig`` (``scaling_config.py``), ``RunConfig``, ``FailureConfig``, ``CheckpointConfig``,
+``DataConfig``, ``LoggingConfig``, ``SyncConfig``, ``TorchConfig`` and ``BackendConfig``
+(``backend_config.py``) take Ray Train's arguments in Ray Train's order, by name or by position
+(``RunConfig("exp")``), so a ported script builds them unchanged. Every field is checked in
+``__post_init__``; a bad value raises :class:`ConfigError` (a ``ValueError``) in one line naming the
+class, the field and the value. Arguments Ray Train has but this project cannot honour raise
+:class:`NotSupportedError` (a ``ConfigError`` and a ``NotImplementedError``), naming them, instead of
+being ignored.
 
 Example::
 
@@ -14,148 +17,59 @@ Example::
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import os
-import sys
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 from ..checkpoint.storage import as_fsspec
 from ..errors import StorageError
-from ..validate import BACKENDS, PLACEMENT_STRATEGIES, fail, is_int, is_number, refuse
+from ..group.datasets import split_datasets
+from ..validate import fail, is_int, is_number, not_supported, refuse
+from .backend_config import BackendConfig, TorchConfig  # noqa: F401 - imported from here by the trainers
+from .scaling_config import ScalingConfig  # noqa: F401 - imported from here by the trainers
 
-_KW = {"kw_only": True} if sys.version_info >= (3, 10) else {}
-
-
-
-
-@dataclasses.dataclass(**_KW)
-class ScalingConfig:
-    """How many workers, with which resources (Ray Train's ``ScalingConfig``).
-
-    Args:
-        num_workers: the number of workers (``0``: local mode, the function runs in the calling process), or
-            ``(min, max)`` for elastic training: start with as
-            many as fit (at most ``max``), continue with fewer (not below ``min``) when a worker is
-            lost and its resources do not come back, and grow again when they do.
-        use_gpu: one GPU per worker (unless ``resources_per_worker`` says otherwise); the torch
-            backend becomes ``nccl``.
-        resources_per_worker: e.g. ``{"CPU": 2, "GPU": 1, "custom": 1}``; default ``{"CPU": 1}``,
-            or ``{"GPU": 1}`` with ``use_gpu``, as in Ray Train.
-        placement_strategy: ``PACK`` (default), ``SPREAD``, ``STRICT_PACK`` or ``STRICT_SPREAD``.
-        accelerator_type: e.g. ``"A100"``: workers go to nodes with that accelerator.
-        trainer_resources: accepted for compatibility; nothing is reserved (the driver process
-            coordinates the run, there is no trainer actor).
-        use_tpu, topology: not supported (raise when set).
-
-    Raises:
-        ConfigError: naming the field and the bad value.
-    """
-
-    num_workers: Union[int, Tuple[int, int]] = 1
-    use_gpu: bool = False
-    resources_per_worker: Optional[Dict[str, float]] = None
-    placement_strategy: str = "PACK"
-    accelerator_type: Optional[str] = None
-    trainer_resources: Optional[Dict[str, float]] = None
-    use_tpu: bool = False
-    topology: Optional[str] = None
-
-    def __post_init__(self) -> None:
-        n = self.num_workers
-        if isinstance(n, list):
-            n = self.num_workers = tuple(n)
-        if isinstance(n, tuple):
-            if len(n) != 2 or not all(is_int(v) for v in n):
-                fail("ScalingConfig", "num_workers", n, "an elastic range is a (min, max) pair of whole numbers")
-            if not 1 <= n[0] <= n[1]:
-                fail("ScalingConfig", "num_workers", n, "an elastic range needs 1 <= min <= max")
-        elif not is_int(n):
-            fail("ScalingConfig", "num_workers", n, "pass a whole number of workers, or a (min, max) pair")
-        elif n < 0:
-            fail("ScalingConfig", "num_workers", n, "pass 1 or more workers, or 0 for local mode (the training "
-                 "function runs in this process)")
-        if not isinstance(self.use_gpu, bool):
-            fail("ScalingConfig", "use_gpu", self.use_gpu, "pass True or False")
-        res = self.resources_per_worker
-        if res is not None:
-            if not isinstance(res, dict):
-                fail("ScalingConfig", "resources_per_worker", res, "pass a dict such as {'CPU': 2, 'GPU': 1}")
-            for key, value in res.items():
-                if not isinstance(key, str) or not key:
-                    fail("ScalingConfig", "resources_per_worker", res, f"resource name {key!r} is not a string")
-                if not is_number(value) or value < 0:
-                    fail("ScalingConfig", "resources_per_worker", res,
-                          f"{key!r} must be a number >= 0, not {value!r}")
-            gpus = res.get("GPU", 0)
-            if gpus and not self.use_gpu:
-                fail("ScalingConfig", "resources_per_worker", res, "asks for GPUs but use_gpu=False: "
-                      "set use_gpu=True")
-            if gpus > 1 and gpus != int(gpus):
-                fail("ScalingConfig", "resources_per_worker", res, "a GPU count above 1 must be whole")
-        if self.placement_strategy not in PLACEMENT_STRATEGIES:
-            fail("ScalingConfig", "placement_strategy", self.placement_strategy,
-                  f"use one of {', '.join(PLACEMENT_STRATEGIES)}")
-        if self.accelerator_type is not None and (not isinstance(self.accelerator_type, str)
-                                                  or not self.accelerator_type):
-            fail("ScalingConfig", "accelerator_type", self.accelerator_type, "pass a name such as 'A100'")
-        if self.accelerator_type is not None and not self.use_gpu:
-            fail("ScalingConfig", "accelerator_type", self.accelerator_type, "needs use_gpu=True")
-        if self.trainer_resources is not None and not isinstance(self.trainer_resources, dict):
-            fail("ScalingConfig", "trainer_resources", self.trainer_resources, "pass a dict or None")
-        refuse("ScalingConfig", self, {"use_tpu": False, "topology": None}, "TPUs are not supported")
-
-    @property
-    def elastic(self) -> bool:
-        """Whether ``num_workers`` is a ``(min, max)`` range with ``min < max``."""
-        return isinstance(self.num_workers, tuple) and self.num_workers[0] < self.num_workers[1]
-
-    @property
-    def min_workers(self) -> int:
-        return self.num_workers[0] if isinstance(self.num_workers, tuple) else self.num_workers
-
-    @property
-    def max_workers(self) -> int:
-        return self.num_workers[1] if isinstance(self.num_workers, tuple) else self.num_workers
-
-    def _resources(self) -> Dict[str, float]:
-        if self.resources_per_worker is not None:
-            return dict(self.resources_per_worker)
-        return {"GPU": 1.0} if self.use_gpu else {"CPU": 1.0}
-
-    def group_kwargs(self) -> Dict[str, Any]:
-        """The per-worker arguments of :class:`~raytrain_nb.WorkerGroup` (without the count)."""
-        res = self._resources()
-        extra = {k: float(v) for k, v in res.items() if k not in ("CPU", "GPU")}
-        if self.accelerator_type:
-            extra[f"accelerator_type:{self.accelerator_type}"] = 0.001
-        return {"cpus_per_worker": res.get("CPU", 0), "gpus_per_worker": res.get("GPU", 0),
-                "resources_per_worker": extra or None, "placement_strategy": self.placement_strategy}
-
-
-@dataclasses.dataclass(**_KW)
+@dataclasses.dataclass
 class FailureConfig:
     """How often a failed run is restarted (Ray Train's ``FailureConfig``).
 
     Args:
         max_failures: restarts allowed after a worker dies or raises: ``0`` (default) fails
-            at once, ``-1`` restarts without limit.
+            at once, ``-1`` restarts without limit. A worker lost with its node (a preempted spot
+            instance too) counts here: preemptions are not told apart.
         fail_fast: Ray Tune's option; only ``False`` is accepted.
+        controller_failure_limit: Ray Train's restarts of its controller actor; there is none here (the
+            driver process runs the run), so only the default ``-1`` and ``0`` are accepted.
+        max_preemption_failures, relax_collectives_on_preemption, preemption_grace_s: Ray Train's handling
+            of node preemption notices, which are not received here: only the defaults are accepted.
 
     Raises:
-        ConfigError: naming the field and the bad value.
+        ConfigError: naming the field and the bad value (``NotSupportedError`` for what cannot be honoured).
     """
 
     max_failures: int = 0
     fail_fast: Union[bool, str] = False
+    controller_failure_limit: int = -1
+    max_preemption_failures: int = -1
+    relax_collectives_on_preemption: bool = False
+    preemption_grace_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not is_int(self.max_failures) or self.max_failures < -1:
             fail("FailureConfig", "max_failures", self.max_failures,
                   "pass a whole number >= 0, or -1 for no limit")
         refuse("FailureConfig", self, {"fail_fast": False}, "{field} is a Ray Tune option; use max_failures=0")
+        if self.controller_failure_limit not in (-1, 0):
+            refuse("FailureConfig", self, {"controller_failure_limit": -1}, "there is no controller actor to "
+                   "restart (the driver process runs the run): leave the default")
+        refuse("FailureConfig", self, {"max_preemption_failures": -1, "relax_collectives_on_preemption": False,
+                                       "preemption_grace_s": 0.0},
+               "preemption notices are not received here: a preempted node's workers are lost workers, recovered "
+               "under max_failures from the newest checkpoint; leave the default")
 
 
-@dataclasses.dataclass(**_KW)
+@dataclasses.dataclass
 class CheckpointConfig:
     """Which reported checkpoints to keep (Ray Train's ``CheckpointConfig``).
 
@@ -187,7 +101,7 @@ class CheckpointConfig:
                 "{field} is a Ray Tune option: report a checkpoint from the training loop instead")
 
 
-@dataclasses.dataclass(**_KW)
+@dataclasses.dataclass
 class RunConfig:
     """Where the run is kept and how it behaves (Ray Train's ``RunConfig``).
 
@@ -204,12 +118,15 @@ class RunConfig:
         checkpoint_config: which checkpoints to keep (default: all).
         callbacks: objects with ``after_report(metrics, checkpoint)`` and/or
             ``after_exception(errors)`` (see :mod:`raytrain_nb._internal.callbacks`).
-        verbose: ``0`` hides the progress line; ``None``/``1``/``2`` show it.
-        stop, sync_config, progress_reporter, worker_runtime_env, log_to_file: Ray Tune/Train
-            options that are not supported (raise when set).
+        worker_runtime_env: a Ray runtime environment (a dict or ``ray.runtime_env.RuntimeEnv``) for the
+            workers' actors, e.g. ``{"env_vars": {"KEY": "value"}}``.
+        logging_config: a :class:`LoggingConfig`: the level of this library's logs while ``fit()`` runs.
+        verbose: ``0`` hides the progress line; ``None``/``1``/``2`` show it (Ray Train V2 refuses it).
+        sync_config, stop, progress_reporter, log_to_file: Ray Tune options that are not supported (raise
+            when set, as in Ray Train V2).
 
     Raises:
-        ConfigError: naming the field and the bad value.
+        ConfigError: naming the field and the bad value (``NotSupportedError`` for what cannot be honoured).
     """
 
     name: Optional[str] = None
@@ -218,11 +135,12 @@ class RunConfig:
     failure_config: Optional[FailureConfig] = None
     checkpoint_config: Optional[CheckpointConfig] = None
     callbacks: Optional[List[Any]] = None
+    worker_runtime_env: Optional[Dict[str, Any]] = None
+    logging_config: Optional["LoggingConfig"] = None
+    sync_config: Optional[Any] = None
     verbose: Optional[int] = None
     stop: Optional[Any] = None
-    sync_config: Optional[Any] = None
     progress_reporter: Optional[Any] = None
-    worker_runtime_env: Optional[Dict[str, Any]] = None
     log_to_file: Union[bool, str] = False
 
     def __post_init__(self) -> None:
@@ -256,23 +174,83 @@ class RunConfig:
             except StorageError:
                 fail("RunConfig", "storage_filesystem", self.storage_filesystem,
                       "pass a pyarrow.fs.FileSystem or an fsspec filesystem")
+        if self.worker_runtime_env is not None and not isinstance(self.worker_runtime_env, dict):
+            fail("RunConfig", "worker_runtime_env", self.worker_runtime_env, "pass a dict such as "
+                 "{'env_vars': {'KEY': 'value'}} (or a ray.runtime_env.RuntimeEnv)")
+        if self.logging_config is not None and not isinstance(self.logging_config, LoggingConfig):
+            fail("RunConfig", "logging_config", self.logging_config, "pass a raytrain_nb.LoggingConfig")
         refuse("RunConfig", self, {"stop": None, "sync_config": None, "progress_reporter": None,
-                                    "worker_runtime_env": None, "log_to_file": False},
-                "{field} is not supported")
+                                    "log_to_file": False},
+                "{field} is a Ray Tune option, refused by Ray Train V2 too")
 
     @property
     def max_failures(self) -> int:
         return (self.failure_config or FailureConfig()).max_failures
 
+    @property
+    def storage_context(self) -> Any:
+        """Ray Train's ``StorageContext`` (a developer API): not supported.
 
-@dataclasses.dataclass(**_KW)
+        Raises:
+            NotSupportedError: naming where the run's files are.
+        """
+        raise not_supported("RunConfig.storage_context (Ray Train's StorageContext)",
+                            "the run directory is <storage_path>/<name>; result.path names it after fit()")
+
+
+@dataclasses.dataclass
+class LoggingConfig:
+    """The level of this library's logs while a trainer's ``fit()`` runs (Ray Train's ``LoggingConfig``).
+
+    Args:
+        log_level: a ``logging`` level name (``"DEBUG"``, ``"INFO"``, ...), any case; stored upper-case.
+
+    Raises:
+        ConfigError: an unknown level, naming it.
+    """
+
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.log_level, str) or not isinstance(logging.getLevelName(self.log_level.upper()), int):
+            fail("LoggingConfig", "log_level", self.log_level, "use a logging level: DEBUG, INFO, WARNING, ERROR or "
+                 "CRITICAL")
+        self.log_level = self.log_level.upper()
+
+    @contextlib.contextmanager
+    def applied(self) -> Iterator[None]:
+        """Set the ``raytrain_nb`` loggers to this level for the block, then back."""
+        logger = logging.getLogger("raytrain_nb")
+        before = logger.level
+        logger.setLevel(self.log_level)
+        try:
+            yield
+        finally:
+            logger.setLevel(before)
+
+
+@dataclasses.dataclass
+class SyncConfig:
+    """Ray Tune's syncing of trial files (Ray Train's ``SyncConfig``, deprecated there): it can be built, and
+    ``RunConfig(sync_config=...)`` refuses it, as Ray Train V2 does. Every file of a run is written to the run's
+    storage directly, so there is nothing to sync."""
+
+    sync_period: int = 300
+    sync_timeout: int = 1800
+    sync_artifacts: bool = False
+    sync_artifacts_on_checkpoint: bool = True
+
+
+@dataclasses.dataclass
 class DataConfig:
-    """Which datasets are split across workers (Ray Train's ``DataConfig``).
+    """Which datasets are split across workers, and how (Ray Train's ``DataConfig``).
 
     Args:
         datasets_to_split: ``"all"`` (default) or a list of dataset names; the others are
             given whole to every worker.
         execution_options: not supported (raise when set).
+        enable_shard_locality: give Ray Data each rank's node as a locality hint when splitting, so
+            that blocks are read where they are consumed (default, as in Ray Train).
 
     Raises:
         ConfigError: naming the field and the bad value.
@@ -280,56 +258,43 @@ class DataConfig:
 
     datasets_to_split: Union[str, Sequence[str]] = "all"
     execution_options: Optional[Any] = None
+    enable_shard_locality: bool = True
 
     def __post_init__(self) -> None:
         d = self.datasets_to_split
         if d != "all" and (isinstance(d, str) or not isinstance(d, (list, tuple))
                            or not all(isinstance(n, str) for n in d)):
             fail("DataConfig", "datasets_to_split", d, "pass 'all' or a list of dataset names")
+        if not isinstance(self.enable_shard_locality, bool):
+            fail("DataConfig", "enable_shard_locality", self.enable_shard_locality, "pass True or False")
         refuse("DataConfig", self, {"execution_options": None}, "{field} is not supported")
 
     def splits(self, name: str) -> bool:
         return self.datasets_to_split == "all" or name in self.datasets_to_split
 
+    def configure(self, datasets: Dict[str, Any], world_size: int, worker_handles: Optional[List[Any]],
+                  worker_node_ids: Optional[List[str]], **kwargs: Any) -> List[Dict[str, Any]]:
+        """Each rank's ``DataIterator`` of every dataset (Ray Train's hook: a subclass may override it).
 
-@dataclasses.dataclass(**_KW)
-class BackendConfig:
-    """The framework backend of a :class:`~raytrain_nb.DataParallelTrainer`.
+        Args:
+            datasets: ``{name: ray.data.Dataset}``.
+            world_size: the number of ranks.
+            worker_handles: Ray Train passes the workers' actors; None here (the group holds them).
+            worker_node_ids: each rank's node id, the locality hints with ``enable_shard_locality``.
 
-    Args:
-        backend: ``"gloo"``, ``"nccl"`` or ``"none"`` (no process group); None picks
-            per trainer (none for ``DataParallelTrainer``, gloo/nccl for ``TorchTrainer``).
-    """
+        Returns:
+            One ``{name: DataIterator}`` per rank, in rank order.
+        """
+        hints = worker_node_ids if self.enable_shard_locality else None
+        return split_datasets(datasets, world_size, self.splits, hints)
 
-    backend: Optional[str] = None
+    @staticmethod
+    def default_ingest_options() -> Any:
+        """Ray Train's default Ray Data execution options for ingest: not supported (``execution_options`` is
+        refused, so Ray Data's own defaults apply).
 
-    def __post_init__(self) -> None:
-        if self.backend is not None and self.backend not in BACKENDS:
-            fail(type(self).__name__, "backend", self.backend, f"use one of {', '.join(BACKENDS)}")
-
-
-@dataclasses.dataclass(**_KW)
-class TorchConfig(BackendConfig):
-    """torch.distributed settings (Ray Train's ``TorchConfig``).
-
-    Args:
-        backend: ``"gloo"`` or ``"nccl"``; default nccl with GPUs, gloo without.
-        init_method: ``"env"`` or ``"tcp"``: both accepted, the rendezvous is the same.
-        timeout_s: the process group timeout; only the default 1800 is supported.
-
-    Raises:
-        ConfigError: naming the field and the bad value.
-    """
-
-    init_method: str = "env"
-    timeout_s: int = 1800
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.backend == "none":
-            fail("TorchConfig", "backend", self.backend, "TorchTrainer needs gloo or nccl")
-        if self.init_method not in ("env", "tcp"):
-            fail("TorchConfig", "init_method", self.init_method, "use 'env' or 'tcp'")
-        if self.timeout_s != 1800:
-            fail("TorchConfig", "timeout_s", self.timeout_s, "cannot be honoured: the process group "
-                  "timeout is fixed at 1800 s")
+        Raises:
+            NotSupportedError: saying Ray Data's defaults apply.
+        """
+        raise not_supported("DataConfig.default_ingest_options()", "execution options cannot be set here; Ray "
+                            "Data's defaults apply (ray.data.DataContext.get_current().execution_options)")

@@ -106,7 +106,8 @@ class FitRun:
                            num_to_keep=ckpt.num_to_keep if ckpt else None,
                            checkpoint_score_attribute=ckpt.checkpoint_score_attribute if ckpt else None,
                            checkpoint_score_order=ckpt.checkpoint_score_order if ckpt else "max",
-                           placement_timeout_s=wait_s, activate=False, **self.scaling.group_kwargs())
+                           placement_timeout_s=wait_s, activate=False,
+                           runtime_env=self.run_config.worker_runtime_env, **self.scaling.group_kwargs())
 
     def _start_group(self) -> "WorkerGroup":
         """A group of ``num_workers`` (elastic: as many as fit, from ``max`` down to ``min``)."""
@@ -232,8 +233,8 @@ class FitRun:
             self._prepare_attempt(group)
             try:
                 return group.execute(run_loop, self.t.train_loop_per_worker, self.t.train_loop_config,
-                                     self.t.with_config, self.t.resume_from_checkpoint, sink=sink,
-                                     output="all")[0]
+                                     self.t.with_config, self.t.resume_from_checkpoint, self.t.metadata,
+                                     self.t.pg_timeout_s, sink=sink, output="all")[0]
             except WorkerError as exc:
                 if self._grow_to is not None:
                     target, self._grow_to = self._grow_to, None

@@ -19,6 +19,7 @@ from ..checkpoint.manager import CheckpointManager
 from ..checkpoint.metrics_log import read_metrics
 from ..checkpoint.storage import resolve, to_url
 from ..errors import CheckpointError
+from ..validate import not_supported
 
 #: Key under which metrics.jsonl keeps the report time; ``timestamp`` in the dataframe.
 _TIME_KEY = "_time"
@@ -26,18 +27,19 @@ _TIME_KEY = "_time"
 
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(init=False)
 class Result:
-    """What a run produced (Ray Train's ``Result``).
+    """What a run produced (Ray Train's ``Result``; its arguments in Ray Train's order).
 
     Attributes:
         metrics: the last metrics reported by rank 0 (None if nothing was reported).
         checkpoint: the newest committed checkpoint (None if none was reported).
         error: the error that ended the run (a ``TrainingFailedError``), or None.
         path: the run directory (local path or URL); None in local mode (``ScalingConfig(num_workers=0)``).
+        metrics_dataframe: every metric rank 0 reported (read from the run directory unless given).
         best_checkpoints: ``(Checkpoint, metrics)`` pairs, best first by
             ``checkpoint_score_attribute`` (newest first without one).
-        filesystem: the fsspec filesystem of ``path``.
+        filesystem: the fsspec filesystem of ``path`` (``_storage_filesystem`` when built).
         return_value: what the training function returned on rank 0 (None when it returned nothing, or the
             run failed); it must pickle (rank 0 sends it to the driver).
     """
@@ -46,10 +48,33 @@ class Result:
     checkpoint: Optional[Checkpoint]
     error: Optional[BaseException]
     path: Optional[str]
-    best_checkpoints: List[Tuple[Checkpoint, Dict[str, Any]]] = dataclasses.field(default_factory=list)
-    filesystem: Any = dataclasses.field(default=None, repr=False)
-    return_value: Optional[Any] = None
-    _records: Optional[List[Dict[str, Any]]] = dataclasses.field(default=None, repr=False)
+    best_checkpoints: List[Tuple[Checkpoint, Dict[str, Any]]]
+    filesystem: Any = dataclasses.field(repr=False)
+    return_value: Optional[Any]
+    _records: Optional[List[Dict[str, Any]]] = dataclasses.field(repr=False)
+    _dataframe: Any = dataclasses.field(repr=False, compare=False)
+
+    def __init__(self, metrics: Optional[Dict[str, Any]], checkpoint: Optional[Checkpoint],
+                 error: Optional[BaseException], path: Optional[str], metrics_dataframe: Any = None,
+                 best_checkpoints: Optional[List[Tuple[Checkpoint, Dict[str, Any]]]] = None,
+                 _storage_filesystem: Any = None, return_value: Optional[Any] = None,
+                 _records: Optional[List[Dict[str, Any]]] = None) -> None:
+        self.metrics, self.checkpoint, self.error, self.path = metrics, checkpoint, error, path
+        self.best_checkpoints = list(best_checkpoints or [])
+        self.filesystem = _storage_filesystem
+        self.return_value = return_value
+        self._records = _records
+        self._dataframe = metrics_dataframe
+
+    @property
+    def config(self) -> Optional[Dict[str, Any]]:
+        """Ray Tune's trial config: refused, as Ray Train V2 does.
+
+        Raises:
+            NotSupportedError: naming the trainer's ``train_loop_config``.
+        """
+        raise not_supported("Result.config (a Ray Tune trial's config)", "the config the loop got is the trainer's "
+                            "train_loop_config")
 
     @property
     def metrics_dataframe(self) -> Any:
@@ -59,6 +84,8 @@ class Result:
         Raises:
             ImportError: pandas is not installed (``pip install 'raytrain_nb[data]'``).
         """
+        if self._dataframe is not None:
+            return self._dataframe
         if self.path is None:
             return None
         try:
@@ -114,7 +141,7 @@ class Result:
             best = [(e.checkpoint, dict(e.metrics)) for e in manager.best(len(manager.list("reported")))]
         last = {k: v for k, v in records[-1].items() if k != _TIME_KEY} if records else None
         return cls(metrics=last, checkpoint=latest.checkpoint if latest is not None else None, error=error,
-                   path=url, best_checkpoints=best, filesystem=filesystem, _records=records)
+                   path=url, best_checkpoints=best, _storage_filesystem=filesystem, _records=records)
 
 
 def _read_records(url: str, filesystem: Optional[Any]) -> List[Dict[str, Any]]:

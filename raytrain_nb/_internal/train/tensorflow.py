@@ -8,19 +8,19 @@ fresh processes for every rank, and the function resumes from ``get_checkpoint()
 from __future__ import annotations
 
 import dataclasses
-import sys
 from typing import Any, Callable, Dict, Optional
 
 from ..validate import fail
 from .config import BackendConfig, DataConfig, RunConfig, ScalingConfig
 from .trainer import DataParallelTrainer
 
-_KW = {"kw_only": True} if sys.version_info >= (3, 10) else {}
 
 
-@dataclasses.dataclass(**_KW)
+@dataclasses.dataclass
 class TensorflowConfig(BackendConfig):
     """TensorFlow's distributed setup (Ray Train's ``TensorflowConfig``): ``TF_CONFIG`` on every rank."""
+
+    backend: Optional[str] = dataclasses.field(default="tensorflow", init=False)
 
     def __post_init__(self) -> None:
         if self.backend not in (None, "tensorflow"):
@@ -52,12 +52,13 @@ class TensorflowTrainer(DataParallelTrainer):
     def __init__(self, train_loop_per_worker: Callable[..., Any], *, train_loop_config: Optional[Dict[str, Any]] = None,
                  tensorflow_config: Optional[TensorflowConfig] = None, scaling_config: Optional[ScalingConfig] = None,
                  dataset_config: Optional[DataConfig] = None, run_config: Optional[RunConfig] = None,
-                 datasets: Optional[Dict[str, Any]] = None, metadata: Optional[Dict[str, Any]] = None,
-                 resume_from_checkpoint: Optional[Any] = None) -> None:
+                 datasets: Optional[Dict[str, Any]] = None, validation_config: Optional[Any] = None,
+                 metadata: Optional[Dict[str, Any]] = None, resume_from_checkpoint: Optional[Any] = None) -> None:
         if tensorflow_config is not None and not isinstance(tensorflow_config, TensorflowConfig):
             fail("TensorflowTrainer", "tensorflow_config", tensorflow_config, "pass a raytrain_nb.tensorflow."
                  "TensorflowConfig")
         super().__init__(train_loop_per_worker, train_loop_config=train_loop_config,
                          backend_config=tensorflow_config or TensorflowConfig(), scaling_config=scaling_config,
                          run_config=run_config, datasets=datasets, dataset_config=dataset_config,
-                         resume_from_checkpoint=resume_from_checkpoint, metadata=metadata)
+                         resume_from_checkpoint=resume_from_checkpoint, metadata=metadata,
+                         validation_config=validation_config)

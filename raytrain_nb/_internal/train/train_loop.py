@@ -37,9 +37,9 @@ def takes_config(fn: Callable[..., Any], what: str = "train_loop_per_worker") ->
 
 
 def call_loop(fn: Callable[..., Any], config: Optional[Dict[str, Any]], with_config: bool,
-              resume: Optional[Any]) -> Any:
+              resume: Optional[Any], metadata: Optional[Dict[str, Any]] = None) -> Any:
     """Run the user's function in this process and return what it returns; ``get_checkpoint()`` falls back to
-    ``resume``.
+    ``resume``, ``get_context().get_metadata()`` returns ``metadata``.
 
     ``resume`` (``resume_from_checkpoint``) is returned by ``get_checkpoint()`` only while the
     run has no committed checkpoint of its own.
@@ -49,6 +49,8 @@ def call_loop(fn: Callable[..., Any], config: Optional[Dict[str, Any]], with_con
     base = sess.latest if sess is not None else None
     if sess is not None and resume is not None:
         sess.latest = lambda: (base() if base is not None else None) or resume
+    if sess is not None:
+        sess.metadata = dict(metadata or {})
     try:
         if with_config:
             return fn(config if config is not None else {})
@@ -60,14 +62,18 @@ def call_loop(fn: Callable[..., Any], config: Optional[Dict[str, Any]], with_con
 
 
 def run_loop(fn: Callable[..., Any], config: Optional[Dict[str, Any]], with_config: bool,
-             resume: Optional[Any]) -> Optional[bytes]:
+             resume: Optional[Any], metadata: Optional[Dict[str, Any]] = None,
+             pg_timeout_s: Optional[float] = None) -> Optional[bytes]:
     """On a worker: run the user's function (:func:`call_loop`); rank 0 returns its return value pickled (the
-    driver's ``Result.return_value``), the other ranks ``None``.
+    driver's ``Result.return_value``), the other ranks ``None``. ``pg_timeout_s`` (``TorchConfig(timeout_s=...)``)
+    is given to the process group's collectives first.
 
     Raises:
         TypeError: rank 0's return value cannot be pickled (naming its type).
     """
-    value = call_loop(fn, config, with_config, resume)
+    if pg_timeout_s is not None:
+        process_group_state().set_timeout(pg_timeout_s)
+    value = call_loop(fn, config, with_config, resume, metadata)
     sess = session.current_session()
     if value is None or (sess is not None and sess.context.world_rank != 0):
         return None

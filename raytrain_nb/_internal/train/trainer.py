@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, Optional, Union
 from ..checkpoint.checkpoint import Checkpoint
 from ..errors import ConfigError, GroupError
 from ..group.datasets import check_datasets
-from ..validate import fail
+from ..validate import fail, not_supported
 from ..worker import framework as frameworks
 from .autoinit import install
 from .config import BackendConfig, DataConfig, RunConfig, ScalingConfig, TorchConfig
@@ -46,6 +46,22 @@ def install_autoinit() -> None:
     install()
 
 
+#: How a run resumes here (instead of ``Trainer.restore(path)``).
+RESUME = ("create the trainer again with the same RunConfig(name=..., storage_path=...): it resumes from that run's "
+          "newest checkpoint")
+
+
+def refuse_validation(cls: str, validation_config: Any) -> None:
+    """Refuse Ray Train's ``validation_config`` (validation of reported checkpoints in tasks of their own).
+
+    Raises:
+        NotSupportedError: when it is set, naming what to do instead.
+    """
+    if validation_config is not None:
+        raise not_supported(f"{cls}(validation_config=...) (validating reported checkpoints in tasks of their "
+                            "own)", "validate in the training loop and report its metrics with the checkpoint")
+
+
 def _check_type(cls: str, field: str, value: Any, kind: type, hint: str) -> None:
     if value is not None and not isinstance(value, kind):
         fail(cls, field, value, hint)
@@ -57,16 +73,18 @@ class DataParallelTrainer:
     Args:
         train_loop_per_worker: the training function; it takes no argument or the config dict.
         train_loop_config: the dict passed to it (each worker gets its own copy).
-        backend: ``"gloo"``, ``"nccl"`` or ``"none"`` (default ``"none"``: no process group).
-        backend_config: a :class:`BackendConfig` (or ``TorchConfig``) instead of ``backend``.
+        backend_config: a :class:`BackendConfig` (or ``TorchConfig``); default backend ``"none"`` (no process
+            group).
         scaling_config: workers and resources (default: 1 worker, 1 CPU).
         run_config: name, storage, failures, checkpoints, callbacks.
         datasets: ``{"train": ray.data.Dataset, ...}``, split across workers; read on each
             worker with ``raytrain_nb.get_dataset_shard(name)``.
         dataset_config: a :class:`DataConfig` (which datasets to split).
         resume_from_checkpoint: what ``get_checkpoint()`` returns until the run has a
-            checkpoint of its own.
-        metadata: accepted for compatibility; stored as ``self.metadata``.
+            checkpoint of its own (Ray Train V2 refuses it).
+        metadata: a dict every worker reads with ``get_context().get_metadata()`` (Ray Train V2 refuses it).
+        validation_config: Ray Train's validation of reported checkpoints: not supported yet (raises when set).
+        backend: ``"gloo"``, ``"nccl"`` or ``"none"``: a shorthand for ``backend_config`` (not in Ray Train).
 
     Raises:
         ConfigError: a bad argument, naming it and its value (checked here, not in ``fit``).
@@ -76,12 +94,13 @@ class DataParallelTrainer:
     _backend_config_cls: type = BackendConfig
 
     def __init__(self, train_loop_per_worker: Callable[..., Any], *,
-                 train_loop_config: Optional[Dict[str, Any]] = None, backend: Optional[str] = None,
-                 backend_config: Optional[BackendConfig] = None, scaling_config: Optional[ScalingConfig] = None,
-                 run_config: Optional[RunConfig] = None, datasets: Optional[Dict[str, Any]] = None,
-                 dataset_config: Optional[DataConfig] = None, resume_from_checkpoint: Optional[Any] = None,
-                 metadata: Optional[Dict[str, Any]] = None) -> None:
+                 train_loop_config: Optional[Dict[str, Any]] = None, backend_config: Optional[BackendConfig] = None,
+                 scaling_config: Optional[ScalingConfig] = None, run_config: Optional[RunConfig] = None,
+                 datasets: Optional[Dict[str, Any]] = None, dataset_config: Optional[DataConfig] = None,
+                 resume_from_checkpoint: Optional[Any] = None, metadata: Optional[Dict[str, Any]] = None,
+                 validation_config: Optional[Any] = None, backend: Optional[str] = None) -> None:
         cls = type(self).__name__
+        refuse_validation(cls, validation_config)
         self.with_config = takes_config(train_loop_per_worker)
         if train_loop_config is not None and not isinstance(train_loop_config, dict):
             fail(cls, "train_loop_config", train_loop_config, "pass a dict")
@@ -114,7 +133,7 @@ class DataParallelTrainer:
         self.scaling_config = scaling_config or ScalingConfig()
         self.run_config = run_config or RunConfig()
         self.datasets = datasets or {}
-        self.dataset_config = dataset_config
+        self.dataset_config = dataset_config or DataConfig()
         self.resume_from_checkpoint = resume_from_checkpoint
         self.metadata = metadata or {}
         trial = current_trial()  # inside a Ray Tune trial the run is named after it
@@ -124,6 +143,12 @@ class DataParallelTrainer:
 
         self.storage_path = storage_path_for(self.run_config)
         install_autoinit()
+
+    @property
+    def pg_timeout_s(self) -> Optional[float]:
+        """The process group timeout ``TorchConfig(timeout_s=...)`` sets, when it is not the default (1800 s)."""
+        timeout = getattr(self.backend_config, "timeout_s", None)
+        return timeout if timeout is not None and timeout != TorchConfig.timeout_s else None
 
     @property
     def fresh_processes(self) -> str:
@@ -162,7 +187,29 @@ class DataParallelTrainer:
         """
         if self.scaling_config.num_workers == 0:
             return LocalRun(self).run()
-        return FitRun(self).run()
+        logging_config = self.run_config.logging_config
+        if logging_config is None:  # the loggers stay as the script set them
+            return FitRun(self).run()
+        with logging_config.applied():
+            return FitRun(self).run()
+
+    @classmethod
+    def restore(cls, *args: Any, **kwargs: Any) -> "DataParallelTrainer":
+        """Ray Train's restore of an interrupted run from its path: not supported (Ray Train V2 refuses it too).
+
+        Raises:
+            NotSupportedError: naming the way a run resumes here.
+        """
+        raise not_supported(f"{cls.__name__}.restore()", RESUME)
+
+    @classmethod
+    def can_restore(cls, *args: Any, **kwargs: Any) -> bool:
+        """Whether Ray Train could restore a run from its path: not supported (Ray Train V2 refuses it too).
+
+        Raises:
+            NotSupportedError: naming the way a run resumes here.
+        """
+        raise not_supported(f"{cls.__name__}.can_restore()", RESUME)
 
     # Ray Train V1's tune.Tuner(trainer) is refused at once: Tune's Tuner(...) reads ``_name`` of a callable
     # trainable while it is built (before that, it only pickles it), and a trial would call it.
@@ -203,10 +250,11 @@ class TorchTrainer(DataParallelTrainer):
 
     def __init__(self, train_loop_per_worker: Callable[..., Any], *,
                  train_loop_config: Optional[Dict[str, Any]] = None, torch_config: Optional[TorchConfig] = None,
-                 backend_config: Optional[Union[TorchConfig, BackendConfig]] = None,
                  scaling_config: Optional[ScalingConfig] = None, run_config: Optional[RunConfig] = None,
                  datasets: Optional[Dict[str, Any]] = None, dataset_config: Optional[DataConfig] = None,
-                 resume_from_checkpoint: Optional[Any] = None, metadata: Optional[Dict[str, Any]] = None) -> None:
+                 validation_config: Optional[Any] = None, metadata: Optional[Dict[str, Any]] = None,
+                 resume_from_checkpoint: Optional[Any] = None,
+                 backend_config: Optional[Union[TorchConfig, BackendConfig]] = None) -> None:
         if torch_config is not None and backend_config is not None:
             fail("TorchTrainer", "backend_config", backend_config, "pass torch_config or backend_config, not both")
         config = torch_config if torch_config is not None else backend_config
@@ -216,4 +264,4 @@ class TorchTrainer(DataParallelTrainer):
         super().__init__(train_loop_per_worker, train_loop_config=train_loop_config, backend_config=config,
                          scaling_config=scaling_config, run_config=run_config, datasets=datasets,
                          dataset_config=dataset_config, resume_from_checkpoint=resume_from_checkpoint,
-                         metadata=metadata)
+                         metadata=metadata, validation_config=validation_config)

@@ -11,6 +11,9 @@ import threading
 import time
 from typing import Any, Callable, Deque, Dict, List, Optional
 
+from ..validate import not_supported
+from .report_api import CheckpointUploadMode, check_report_options
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainContext:
@@ -48,7 +51,53 @@ class TrainContext:
         return self.experiment_name
 
     def get_trial_name(self) -> str:
+        """The run's name (Ray Train V2 refuses this Tune-era method; here it names the run)."""
         return self.experiment_name
+
+    def get_metadata(self) -> Dict[str, Any]:
+        """The trainer's ``metadata=`` dict (``{}`` in a notebook cell); Ray Train V2 refuses this method."""
+        sess = current_session()
+        return dict(sess.metadata) if sess is not None else {}
+
+    def get_storage(self) -> Any:
+        """Ray Train's ``StorageContext`` (a developer API): not supported.
+
+        Raises:
+            NotSupportedError: naming where the run's files are.
+        """
+        raise not_supported("get_context().get_storage() (Ray Train's StorageContext)", "the run directory is "
+                            "<storage_path>/<name> of the RunConfig; pass what the loop needs in train_loop_config")
+
+    def get_trial_id(self) -> str:
+        """A Ray Tune trial's id: refused, as Ray Train V2 does.
+
+        Raises:
+            NotSupportedError: naming ``train_loop_config``.
+        """
+        raise not_supported("get_context().get_trial_id()", TRIAL_HINT)
+
+    def get_trial_dir(self) -> str:
+        """A Ray Tune trial's directory: refused, as Ray Train V2 does.
+
+        Raises:
+            NotSupportedError: naming ``train_loop_config``.
+        """
+        raise not_supported("get_context().get_trial_dir()", TRIAL_HINT)
+
+    def get_trial_resources(self) -> Any:
+        """A Ray Tune trial's resources: refused, as Ray Train V2 does.
+
+        Raises:
+            NotSupportedError: naming ``train_loop_config``.
+        """
+        raise not_supported("get_context().get_trial_resources()", TRIAL_HINT)
+
+
+#: The way out of Tune's trial methods on a worker (Ray Train V2's advice).
+TRIAL_HINT = ("a trainer's workers are not a Tune trial; pass what the loop needs (a directory, the resources) in "
+              "train_loop_config")
+#: The dataset ``get_dataset_shard()`` returns without a name (Ray Train's ``TRAIN_DATASET_KEY``).
+TRAIN_DATASET_KEY = "train"
 
 
 #: Metric types kept as they are without a look for ``.item`` (exact types: a subclass takes the slow path).
@@ -97,6 +146,8 @@ class WorkerSession:
         self.latest: Optional[Callable[[], Any]] = None
         #: set by local mode (``ScalingConfig(num_workers=0)``): the trainer's own process, not a worker
         self.local = False
+        #: the trainer's ``metadata=`` while its loop runs (``get_context().get_metadata()``)
+        self.metadata: Dict[str, Any] = {}
 
     @property
     def history(self) -> int:
@@ -168,7 +219,11 @@ def get_context() -> TrainContext:
     return _get_session("get_context").context
 
 
-def report(metrics: Dict[str, Any], checkpoint: Any = None, *, total: Optional[int] = None) -> None:
+def report(metrics: Dict[str, Any], checkpoint: Any = None, checkpoint_dir_name: Optional[str] = None,
+           checkpoint_upload_mode: CheckpointUploadMode = CheckpointUploadMode.SYNC,
+           delete_local_checkpoint_after_upload: Optional[bool] = None,
+           checkpoint_upload_fn: Optional[Callable[[Any, str], Any]] = None, validation: Any = False, *,
+           total: Optional[int] = None) -> None:
     """Report metrics from a worker; they reach the driver within 300 ms.
 
     Never blocks training: the record is queued and the driver collects it.
@@ -176,16 +231,28 @@ def report(metrics: Dict[str, Any], checkpoint: Any = None, *, total: Optional[i
     Args:
         metrics: a dict of numbers (1-element tensors are converted).
         checkpoint: a ``Checkpoint`` to save with these metrics.
-        total: the total number of steps, for progress bars.
+        checkpoint_dir_name, checkpoint_upload_fn, validation: Ray Train options that are refused when set
+            (checkpoints are named by their report index, uploaded into the run, validated in the loop).
+        checkpoint_upload_mode: only ``CheckpointUploadMode.SYNC`` (the upload is done when ``report`` returns).
+        delete_local_checkpoint_after_upload: ``True`` deletes the checkpoint's local directory once uploaded.
+        total: the total number of steps, for progress bars (not in Ray Train).
 
     With a ``checkpoint`` (``Checkpoint.from_directory(tmpdir)``), this rank's
     files are uploaded into the run's next checkpoint directory before
     ``report`` returns; files from several ranks merge into one checkpoint,
     committed once every rank reported; rank 0's metrics are attached to it.
     Every rank must call ``report`` the same number of times.
+
+    Raises:
+        NotSupportedError: a Ray Train option that cannot be honoured, naming it.
     """
+    check_report_options(checkpoint_dir_name, checkpoint_upload_mode, checkpoint_upload_fn, validation)
     session = _get_session("report")
     session.report(metrics, total=total, checkpoint=checkpoint)
+    if checkpoint is not None and delete_local_checkpoint_after_upload:
+        from ..checkpoint.checkpoint import delete_local  # fsspec: loaded with checkpoints, not on import raytrain_nb
+
+        delete_local(checkpoint)
 
 
 def get_checkpoint() -> Any:
@@ -201,8 +268,11 @@ def get_checkpoint() -> Any:
     return session.latest() if session.latest is not None else None
 
 
-def get_dataset_shard(name: str = "train") -> Any:
+def get_dataset_shard(dataset_name: Optional[str] = None) -> Any:
     """This worker's shard of a dataset given to the trainer (``datasets=``) or ``group.attach_datasets``.
+
+    Args:
+        dataset_name: the dataset's name; None: ``"train"`` (``TRAIN_DATASET_KEY``).
 
     Returns:
         A Ray Data ``DataIterator`` (``iter_torch_batches``, ``iter_batches``).
@@ -211,7 +281,7 @@ def get_dataset_shard(name: str = "train") -> Any:
         KeyError: no dataset of that name (naming those that exist).
     """
     _get_session("get_dataset_shard")
-    return _shard(name)
+    return _shard(TRAIN_DATASET_KEY if dataset_name is None else dataset_name)
 
 
 # -- Ray Data shards, set by the driver (group.attach_datasets, TorchTrainer(datasets=...)) ---------

@@ -89,6 +89,12 @@ def find_tracked(namespace: Dict[str, Any], strict: bool = True) -> Tracked:
     tracked = Tracked({}, {}, {}, {})
     seen_modules: Dict[int, str] = {}
     for path, obj in walk(namespace, is_tracked_type):
+        if type(obj).__name__ == "FullyShardedDataParallel":  # each rank holds a shard: no replicated copy
+            if strict:
+                raise SnapshotError(f"{path!r} is an FSDP model (prepare_model(parallel_strategy='fsdp')): its "
+                                    "parameters are sharded across the ranks, so snapshots cannot hold it; save it "
+                                    "with torch.distributed.checkpoint and report(checkpoint=...) instead")
+            continue  # never broadcast from a peer: every rank's shard differs
         if isinstance(obj, module_class):
             inner = unwrap(obj)
             if inner is not obj:

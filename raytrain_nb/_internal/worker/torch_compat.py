@@ -7,12 +7,24 @@ from typing import Any, List
 
 import torch
 
+from ..validate import not_supported
 from .torch_utils import get_device
 
 
 def get_devices() -> List[torch.device]:
     """The devices of this worker (one: see :func:`get_device`)."""
     return [get_device()]
+
+
+def accelerate(amp: bool = False) -> None:
+    """Ray Train's switch for automatic mixed precision: ``amp=False`` does nothing; AMP itself is not supported.
+
+    Raises:
+        NotSupportedError: ``amp=True``, naming ``torch.autocast``.
+    """
+    if amp:
+        raise not_supported("accelerate(amp=True) (mixed precision through Ray Train)", "use torch.autocast and "
+                            "torch.amp.GradScaler in the training loop")
 
 
 def prepare_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -45,4 +57,4 @@ def enable_reproducibility(seed: int = 0) -> None:
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
-__all__: List[Any] = ["backward", "enable_reproducibility", "get_devices", "prepare_optimizer"]
+__all__: List[Any] = ["accelerate", "backward", "enable_reproducibility", "get_devices", "prepare_optimizer"]
