@@ -44,13 +44,15 @@ def fsdp_loop(config):
         losses.append(loss.item())
         train.report({"step": step, "loss": loss.item()})
     return {"type": type(model).__name__, "forward_prefetch": model.forward_prefetch,
-            "local_numel": sum(p.numel() for p in model.parameters()), "losses": losses}
+            "local_numel": sum(p.numel() for p in model.parameters()), "losses": losses,
+            "metadata": train.get_context().get_metadata()}
 
 
 def test_fsdp_keeps_ray_trains_meaning_in_a_two_rank_gloo_group(tmp_path):
-    result = TorchTrainer(fsdp_loop, scaling_config=ScalingConfig(num_workers=2),
+    result = TorchTrainer(fsdp_loop, scaling_config=ScalingConfig(num_workers=2), metadata={"tag": "fsdp"},
                           run_config=RunConfig("fsdp", str(tmp_path), verbose=0)).fit()
     value = result.return_value
+    assert value["metadata"] == {"tag": "fsdp"}  # ours: Ray Train V2 refuses metadata=
     assert value["type"] == "FullyShardedDataParallel" and value["forward_prefetch"] is True
     assert value["local_numel"] == (8 * 4 + 4) // 2  # each of the 2 ranks holds half of the flat parameter
     assert value["losses"][-1] < value["losses"][0], value["losses"]
@@ -62,7 +64,7 @@ def late_rank_loop():
     import raytrain_nb as train
 
     if train.get_context().get_world_rank() == 1:
-        time.sleep(8)  # rank 0 waits in the barrier for this rank longer than the timeout
+        time.sleep(5)  # rank 0 waits in the barrier for this rank longer than the timeout
     dist.barrier()
 
 

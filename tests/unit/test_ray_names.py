@@ -211,3 +211,12 @@ def test_snapshots_refuse_an_fsdp_model_and_never_copy_its_shards():
         find_tracked(namespace)
     tracked = find_tracked(namespace, strict=False)  # re-forming: the shards and their optimizer stay as they are
     assert list(tracked.modules) == ["other"] and tracked.optimizers == {}
+
+
+def test_metadata_reaches_the_loop_in_local_mode(tmp_path):
+    def loop():
+        return raytrain_nb.get_context().get_metadata()
+
+    trainer = raytrain_nb.DataParallelTrainer(loop, scaling_config=ScalingConfig(num_workers=0),
+                                              run_config=RunConfig("meta", str(tmp_path)), metadata={"owner": "me"})
+    assert trainer.fit().return_value == {"owner": "me"}

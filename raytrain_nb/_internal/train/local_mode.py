@@ -80,7 +80,7 @@ class LocalRun:
         try:
             session.replace_shards(dict(self.t.datasets))
             value = call_loop(self.t.train_loop_per_worker, self.t.train_loop_config, self.t.with_config,
-                              self.t.resume_from_checkpoint)
+                              self.t.resume_from_checkpoint, self.t.metadata)
         finally:
             session.set_session(before)
             session.replace_shards(shards)
