@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 from .. import cluster, frontend
 from ..checkpoint.metrics_log import read_metrics
 from ..checkpoint.storage import as_fsspec, default_storage_path, is_local, resolve
-from ..errors import (CheckpointError, ConfigError, GroupError, ResourceError, WorkerError, cut_lines, format_ranks,
-                      merge_failures)
+from ..errors import (CheckpointError, ConfigError, GroupError, ResourceError, RunInUseError, WorkerError, cut_lines,
+                      format_ranks, merge_failures)
 from ..group.config import GroupConfig
 from ..group.datasets import attach, ensure_fresh
 from ..group import policy
@@ -195,12 +195,13 @@ class FitRun:
         Raises:
             WorkerGroupError: the workers failed more often than ``max_failures`` allows.
             ControllerError: the run could not start or recover its workers (its ``controller_failure`` says why).
+            RunInUseError: another trainer or group holds the run (``RunConfig(name)``): pick another name.
         """
         started = time.perf_counter()
         cluster.connect()
         try:
             value = self._attempts(started)
-        except (TrainingFailedError, ConfigError):
+        except (TrainingFailedError, ConfigError, RunInUseError):  # the user's to fix, named as it is
             raise
         except Exception as exc:  # the run's own machinery failed, not the workers: Ray Train V2's ControllerError
             raise self._controller_error(exc, None, self.phase) from exc
