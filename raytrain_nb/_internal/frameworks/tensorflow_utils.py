@@ -111,6 +111,9 @@ class RayReportCallback(tf.keras.callbacks.Callback):
 
     def _handler(self, event: str) -> Any:
         def handle(*args: Any, logs: Optional[Dict[str, Any]] = None) -> None:
+            # Keras passes the logs by position: (epoch or batch, logs), or (logs) for train_begin and the like
+            if logs is None and args and isinstance(args[-1], dict):
+                logs = args[-1]
             self._handle(logs or {}, event)
         return handle
 
