@@ -2,8 +2,8 @@
 
 Each example is written for ``ray.train``; the test rewrites its import lines
 (``ray.train.torch`` -> ``raytrain_nb.torch``, ``ray.train`` -> ``raytrain_nb``), checks that no
-other line changed and no ``ray.train`` is left, and runs the three in one fresh Python process
-(one Ray start for all three), each as ``__main__``.
+other line changed and no ``ray.train`` is left, and runs them (the torch ones here; the framework ones in their
+own test modules) in one fresh Python process (one Ray start for all), each as ``__main__``.
 """
 from __future__ import annotations
 
