@@ -18,6 +18,7 @@ from IPython.core.error import UsageError
 
 from .._internal.errors import GroupError, RaytrainNbError, WorkerError
 from .routing import BackgroundSink, CellRoute
+from .magics_debug import ask
 from .sink import NotebookSink
 from .ui import expect_steps
 
@@ -65,9 +66,11 @@ def run_cell(group: Any, cell: str, args: Any, ranks: Any) -> Any:
     options = dict(ranks=ranks, output=args.output, setup=True if args.setup else None,
                    on_failure=args.on_failure, max_failures=args.max_failures)
     if not args.background:
+        if args.quiet_after < 0:
+            raise UsageError(f"--quiet-after {args.quiet_after:g} is not allowed: give seconds, or 0 to turn it off")
         sink = NotebookSink()
-        try:
-            group.run(cell, sink=sink, **options)
+        try:  # a breakpoint() in the cell reads its lines through the kernel's stdin (ask)
+            group.run(cell, sink=sink, quiet_after_s=args.quiet_after, prompt=ask, **options)
         except GroupError as exc:
             raise UsageError(str(exc)) from None
         finally:

@@ -10,6 +10,7 @@ from .._internal.group.group import active_group
 from .._internal.train.trainer import install_autoinit
 from .magics import DistributedMagics
 from .magics_dashboard import DashboardMagics
+from .magics_debug import DebugMagics
 from .magics_state import StateMagics
 
 logger = logging.getLogger(__name__)
@@ -43,12 +44,12 @@ def stop_on_kernel_shutdown(ipython: Any) -> None:
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """Register the magics of :mod:`.magics`, :mod:`.magics_state` and :mod:`.magics_dashboard`."""
+    """Register the magics of :mod:`.magics`, :mod:`.magics_state`, :mod:`.magics_dashboard`, :mod:`.magics_debug`."""
     stop_on_kernel_shutdown(ipython)
     # Ray Data in a cell (ray.data.range(...)) before the first group starts our embedded instance, sized
     # for the container, not Ray's default one, which would leave no CPU for Ray Data beside the workers.
     install_autoinit()
-    for magics in (DistributedMagics, StateMagics, DashboardMagics):
+    for magics in (DistributedMagics, StateMagics, DashboardMagics, DebugMagics):
         ipython.register_magics(magics)
 
 

@@ -19,6 +19,7 @@ from .._internal.group.group import WorkerGroup, active_group
 from .._internal.group.kinds import backend_names
 from .._internal.group.state import GroupState
 from .._internal.group.tables import format_status
+from .._internal.group.timing import QUIET_AFTER_S
 from . import cells, ui
 from .magic_args import need_group, parse_ranks
 
@@ -62,6 +63,8 @@ class DistributedMagics(Magics):
               help="return at once; output keeps coming into this cell (%%dist_wait waits, %%dist_interrupt stops)")
     @argument("--queue", action="store_true", help="wait for a running background cell, then run this one")
     @argument("--steps", type=int, default=None, help="the cell's number of steps, for the progress bars")
+    @argument("--quiet-after", dest="quiet_after", type=float, default=QUIET_AFTER_S, metavar="S",
+              help="after S seconds without output or report, say once where every rank is (default 60; 0: never)")
     @argument("--no-dashboard", dest="no_dashboard", action="store_true",
               help="do not show the dashboard under the cell that starts the group")
     @cell_magic

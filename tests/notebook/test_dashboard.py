@@ -78,7 +78,19 @@ def test_reports_move_the_bars_and_fill_the_plot(group, dash):
         assert row.rate.value.endswith("steps/s") and "loss=" in row.metrics.value
     wait_for(lambda: dash.renders > renders and dash._plotted[0] == dash.model.version, 30, "the plot")
     assert bytes(dash.image.value).startswith(b"\x89PNG") and dash.metric.value == "loss"
-    assert list(dash.metric.options) == ["loss"]
+    assert list(dash.metric.options) == ["loss", "step time (s)"]  # the seconds between reports, per rank
+
+
+def test_resources_the_slow_rank_and_the_where_button(group, dash):
+    group.run("rank = train.get_context().get_world_rank()\nfor step in range(7):\n"
+              "    time.sleep(0.12 if rank == 1 else 0.02)\n"
+              "    train.report({'step': step})\n", sink=CollectSink())
+    row = dash.rows[1]
+    wait_for(lambda: "SLOW" in row.resources.value and "rss " in dash.rows[0].resources.value, 10,
+             "rank 1 marked slow and rank 0's resources in their rows")
+    assert "rtnb-slow" in row.resources.value and "SLOW" not in dash.rows[0].resources.value
+    assert dash.where.press() == "ranks 0, 1: idle (no cell running)" and "idle" in dash.where.output.value
+    assert "foreground cell" in dash.where.button.tooltip
 
 
 def test_steps_flag_sets_the_total_when_reports_do_not(group, dash):

@@ -8,9 +8,10 @@ slowest: there the slow rank shows in ``%dist_where``, the others waiting for it
 """
 from __future__ import annotations
 
+import collections
 import statistics
 import threading
-from typing import Any, Dict, Iterable, List, Optional, Set
+from typing import Any, Deque, Dict, Iterable, List, Optional, Set
 
 #: A rank slower than this many times its peers' median step time ...
 SLOW_FACTOR = 1.5
@@ -29,7 +30,7 @@ class Vitals:
         self.step_time: Dict[int, float] = {}
         self.slow: Set[int] = set()
         self._last_report: Dict[int, float] = {}
-        self._streak: Dict[int, int] = {}
+        self._recent: Dict[int, Deque[float]] = {}  # each rank's last ``slow_reports`` step times in this cell
         self._changed = False
 
     def take(self, rank: int, sample: Optional[Dict[str, Any]]) -> None:
@@ -48,9 +49,13 @@ class Vitals:
             return changed
 
     def new_cell(self) -> None:
-        """A cell starts: step times are measured from its first report on (the time between cells is no step)."""
+        """A cell starts: step times are measured from its first report on (the time between cells is no step),
+        and the ranks are judged again on this cell's steps."""
         with self._lock:
             self._last_report.clear()
+            self._recent.clear()
+            self._changed |= bool(self.slow)
+            self.slow.clear()
 
     def on_reports(self, records: Iterable[Dict[str, Any]]) -> bool:
         """Take ``report()`` records (``rank``, ``time``); returns whether the set of slow ranks changed."""
@@ -65,30 +70,31 @@ class Vitals:
                 if last is None or t <= last:
                     continue
                 self.step_time[rank] = float(t) - last
-                self._judge(rank)
+                self._recent.setdefault(rank, collections.deque(maxlen=self.slow_reports)).append(self.step_time[rank])
+            self._judge()
             if self.slow != before:
                 self._changed = True
             return self.slow != before
 
-    def _judge(self, rank: int) -> None:
-        peers = [s for r, s in self.step_time.items() if r != rank]
-        if not peers:
-            return
-        median = statistics.median(peers)
-        if median > 0 and self.step_time[rank] > self.slow_factor * median:
-            self._streak[rank] = self._streak.get(rank, 0) + 1
-        else:
-            self._streak[rank] = 0
-        if self._streak[rank] >= self.slow_reports:
-            self.slow.add(rank)
-        else:
-            self.slow.discard(rank)
+    def _judge(self) -> None:
+        """Every rank against its peers, whatever order their reports came in: slow when each of its last
+        ``slow_reports`` step times is above ``slow_factor`` times the median of its peers' typical step time."""
+        typical = {r: statistics.median(times) for r, times in self._recent.items() if times}
+        for rank, times in self._recent.items():
+            peers = [t for r, t in typical.items() if r != rank]
+            if not peers or len(times) < self.slow_reports:
+                continue
+            median = statistics.median(peers)
+            if median > 0 and all(t > self.slow_factor * median for t in times):
+                self.slow.add(rank)
+            else:
+                self.slow.discard(rank)
 
     def forget(self, ranks: Iterable[int]) -> None:
         """Ranks replaced or gone: their figures go with them."""
         with self._lock:
             for rank in ranks:
-                for table in (self.resources, self.step_time, self._last_report, self._streak):
+                for table in (self.resources, self.step_time, self._last_report, self._recent):
                     table.pop(rank, None)
                 self.slow.discard(rank)
 

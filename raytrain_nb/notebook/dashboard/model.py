@@ -28,6 +28,8 @@ STATE_COLOURS = {
 GONE = ("dead", "unresponsive")
 RATE_WINDOW_S = 5.0
 STEP_KEYS = ("step", "training_iteration")
+#: The plot's pseudo-metric: seconds between a rank's reports.
+STEP_TIME = "step time (s)"
 
 
 def n_workers(n: int) -> str:
@@ -62,6 +64,9 @@ class RankView:
     rate: Optional[float] = None
     metrics: Dict[str, Any] = dataclasses.field(default_factory=dict)
     last_time: float = 0.0
+    resources: Dict[str, Any] = dataclasses.field(default_factory=dict)  # cpu, rss, gpu... (group/vitals.py)
+    step_time: Optional[float] = None
+    slow: bool = False
     _window: Deque[Tuple[float, float]] = dataclasses.field(default_factory=collections.deque, repr=False)
 
     @property
@@ -120,6 +125,7 @@ class Series:
         self._last_x: Optional[float] = None
         self._cell_start = True
         self.count = 0  # reports seen: the x of reports without a step
+        self._last_t: Optional[float] = None  # when the last report was made (step time: the time since)
 
     def new_cell(self) -> None:
         self._cell_start = True
@@ -134,6 +140,10 @@ class Series:
                     raw = float(v) if raw is None else raw
                 else:
                     values[k] = float(v)
+        t = record.get("time")
+        if isinstance(t, (int, float)) and self._last_t is not None and not self._cell_start and t > self._last_t:
+            values[STEP_TIME] = float(t) - self._last_t  # the plot can show step time per rank
+        self._last_t = float(t) if isinstance(t, (int, float)) else None
         x = float(self.count) if raw is None else raw
         self.count += 1
         if self._cell_start and self._last_x is not None and x + self._offset <= self._last_x:
@@ -195,6 +205,8 @@ class DashboardModel:
                         row.total = old.total
                 row.node, row.pid, row.device = st.node, st.pid, st.device
                 row.state, row.error = st.state, st.error
+                row.resources = dict(getattr(st, "resources", None) or {})
+                row.step_time, row.slow = getattr(st, "step_time", None), bool(getattr(st, "slow", False))
                 ranks.add(st.rank)
             for rank in set(self.rows) - ranks:
                 del self.rows[rank]
@@ -219,6 +231,8 @@ class DashboardModel:
                 for key, value in last.get("metrics", {}).items():
                     if key not in STEP_KEYS and key not in self.metric_keys and finite_number(value) is not None:
                         self.metric_keys.append(key)
+                if STEP_TIME not in self.metric_keys and series.points and STEP_TIME in series.points[-1][1]:
+                    self.metric_keys.append(STEP_TIME)
             if by_rank:
                 self.version += 1
         return list(by_rank)

@@ -12,12 +12,13 @@ from typing import Dict, Iterable, List, Optional
 import ipywidgets as w
 
 from ..view_helpers import row_cell, state_badge
+from ..._internal.group.vitals import resources_text, step_text
 from .model import GONE, STATE_COLOURS, RankView, format_metrics
 from .sync import assign
 
 #: (column, width) of each cell of a row.
 COLUMNS = (("rank", "44px"), ("node", "110px"), ("pid", "64px"), ("device", "58px"), ("state", "104px"),
-           ("progress", "180px"), ("done", "84px"), ("rate", "92px"), ("metrics", "340px"))
+           ("progress", "180px"), ("done", "84px"), ("rate", "92px"), ("resources", "230px"), ("metrics", "340px"))
 BAR_STYLES = {"running": "info", "idle": "success", "failed": "warning", "dead": "danger",
               "unresponsive": "danger"}
 TEXT_INTERVAL_S = 0.5
@@ -51,11 +52,15 @@ class RowWidgets:
         self.bar.add_class("rtnb-progress")
         self.done = row_cell(widths["done"])
         self.rate = row_cell(widths["rate"])
+        self.resources = row_cell(widths["resources"])
+        self.resources.add_class("rtnb-resources")
         self.metrics = row_cell(widths["metrics"])
         self.metrics.add_class("rtnb-metrics")
-        self.cells = [self.rank, self.node, self.pid, self.device, self.state, self.done, self.rate, self.metrics]
+        self.cells = [self.rank, self.node, self.pid, self.device, self.state, self.done, self.rate,
+                      self.resources, self.metrics]
         self.box = w.HBox([self.rank, self.node, self.pid, self.device, self.state, self.bar, self.done,
-                           self.rate, self.metrics], layout=w.Layout(align_items="center", padding="1px 0"))
+                           self.rate, self.resources, self.metrics],
+                          layout=w.Layout(align_items="center", padding="1px 0"))
         self.box.add_class("rtnb-row")
         self.box.add_class(f"rtnb-rank-{rank}")
         self._state = ""
@@ -87,6 +92,7 @@ class RowWidgets:
             self._restyle(view.state)
         assign(self.done, value=text)
         assign(self.rate, value=view.rate_text())
+        assign(self.resources, value=resources_cell(view))
         if view.state in GONE or (view.state == "failed" and view.error):
             cause = view.error or "the worker process is gone"
             metrics = (f'<span style="color:#c62828;{ONE_LINE}" title="{html.escape(cause)}">'
@@ -109,6 +115,15 @@ class RowWidgets:
         for cell in self.cells:
             assign(cell.style, background=DEAD_BACKGROUND if gone else None)
         assign(self.box.layout, border_left="4px solid #c62828" if gone else "4px solid transparent")
+
+
+def resources_cell(view: RankView) -> str:
+    """The resources column: CPU, RSS, GPU, the step time; a memory flag and a slow rank in orange."""
+    text, step = resources_text(view.resources), step_text(view.step_time, view.slow)
+    colour = "#e67e22" if view.slow or view.resources.get("mem_flag") else "inherit"
+    line = " · ".join(p for p in (text, step) if p)
+    return (f'<span class="{"rtnb-slow" if view.slow else ""}" style="color:{colour};{ONE_LINE}" '
+            f'title="{html.escape(line)}">{html.escape(line)}</span>')
 
 
 class RowTable:

@@ -15,8 +15,9 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Dict, Optional, TextIO
+from typing import Any, Dict, Optional, Set, TextIO
 
+from ..._internal.group.vitals import SLOW_FACTOR, resources_text, step_text
 from .model import GONE, DashboardModel, format_metrics
 
 _REPORTERS: "weakref.WeakKeyDictionary[Any, TextReporter]" = weakref.WeakKeyDictionary()
@@ -54,6 +55,7 @@ class TextReporter:
         self._printed: Dict[int, float] = {}
         self._held: Dict[int, bool] = {}
         self._states: Dict[int, str] = {}
+        self._slow: Set[int] = set()
         group.subscribe(self._on_state)
         group.subscribe_metrics(self._on_metrics)
         self.model.set_workers(group.status(ping=False))
@@ -76,6 +78,11 @@ class TextReporter:
         metrics = format_metrics(view.metrics)
         if metrics:
             parts.append(metrics)
+        used = resources_text(view.resources)
+        if used:
+            parts.append(used)
+        if view.slow:
+            parts.append(f"SLOW ({step_text(view.step_time, False)}, above {SLOW_FACTOR:g}x its peers' median)")
         return "  ".join(parts)
 
     def _on_metrics(self, records: Any) -> None:
@@ -107,3 +114,7 @@ class TextReporter:
                 if view.state != before and view.state in GONE:
                     cause = view.error or "the worker process is gone"
                     self._write(f"raytrain_nb [rank {rank}] {view.state}: {cause} (%dist_restart replaces it)")
+                if view.slow and rank not in self._slow:
+                    self._write(f"raytrain_nb [rank {rank}] slow: {step_text(view.step_time, False)}, above "
+                                f"{SLOW_FACTOR:g}x its peers' median step time (%dist_where shows where it is)")
+            self._slow = {r for r, v in self.model.rows.items() if v.slow}

@@ -27,6 +27,7 @@ from .clicks import click_guard
 from .model import BUTTONS, GONE, STATE_COLOURS, DashboardModel, Situation, button_states, n_workers
 from .rows import RowTable, RowWidgets
 from .sync import FLUSH_INTERVAL_S, Pending, assign
+from .where import WherePanel
 
 logger = logging.getLogger(__name__)
 
@@ -130,13 +131,13 @@ class Dashboard:
             self.buttons[name] = btn
         self.status = w.HTML(value="")
         self.status.add_class("rtnb-status")
-        b = self.buttons
+        b, self.where = self.buttons, WherePanel(self.group)  # where.py: the Where button and its answer
         actions = w.HBox([b["checkpoint"], b["restart"], b["rescale"], self.rescale_to, b["interrupt"],
                           b["shutdown"]], layout=w.Layout(flex_flow="row wrap"))
         ckpts = w.HBox([self.checkpoint_list, b["rollback"]], layout=w.Layout(align_items="flex-start"))
         self.widget = w.VBox([
             self.title, self.rows_box, w.HBox([self.image, controls]),
-            w.HTML("<b>Checkpoints</b>"), ckpts, actions, self.status,
+            w.HTML("<b>Checkpoints</b>"), ckpts, actions, self.status, self.where.box,
         ], layout=w.Layout(border="1px solid #ddd", padding="6px", width="100%"))
         self.widget.add_class("rtnb-dashboard")
 
