@@ -122,9 +122,9 @@ class Kernel:
 
     # -- running cells --------------------------------------------------------------------
 
-    def submit(self, code: str) -> Cell:
+    def submit(self, code: str, allow_stdin: bool = False) -> Cell:
         submitted = time.time()
-        msg_id = self.kc.execute(code, stop_on_error=False)
+        msg_id = self.kc.execute(code, stop_on_error=False, allow_stdin=allow_stdin)
         cell = Cell(code=code, msg_id=msg_id, submitted=submitted)
         self._cells[msg_id] = cell
         return cell
@@ -177,6 +177,26 @@ class Kernel:
             self.wait_for(cell, lambda m: m.type == "status" and m.content["execution_state"] == "idle",
                           timeout=max(deadline - time.time(), 10.0))
         return cell
+
+    def answer(self, answers: List[str], timeout: float = CELL_TIMEOUT_S) -> List[str]:
+        """Answer the kernel's next ``input_request``s on the stdin channel with ``answers``, in order (a cell
+        submitted with ``allow_stdin=True``); returns the prompts the kernel showed."""
+        prompts: List[str] = []
+        deadline = time.time() + timeout
+        for line in answers:
+            while True:
+                left = deadline - time.time()
+                if left <= 0:
+                    raise TimeoutError(f"no input request for {line!r} within {timeout:g} s (prompts: {prompts})")
+                try:
+                    msg = self.kc.get_stdin_msg(timeout=min(left, 1.0))
+                except queue.Empty:
+                    continue
+                if msg["msg_type"] == "input_request":
+                    prompts.append(msg["content"]["prompt"])
+                    self.kc.input(line)
+                    break
+        return prompts
 
     def run(self, code: str, timeout: float = CELL_TIMEOUT_S) -> Cell:
         """Run a cell to its end (it may fail: see :meth:`Cell.check`)."""
