@@ -74,7 +74,7 @@ def frames_of(frame: Any) -> List[Dict[str, Any]]:
                     "code": (summary.line or "").strip(), "user": user})
     while out and not out[0]["user"]:  # the worker's own frames below the first user frame
         out.pop(0)
-    return out
+    return [f for f in out if not f["file"].startswith(_OWN_DIR)]  # nor ours above it (the collective's wrapper)
 
 
 def ddp_in(namespace: Dict[str, Any]) -> bool:
