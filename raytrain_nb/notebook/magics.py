@@ -62,6 +62,9 @@ class DistributedMagics(Magics):
     @argument("--background", action="store_true",
               help="return at once; output keeps coming into this cell (%%dist_wait waits, %%dist_interrupt stops)")
     @argument("--queue", action="store_true", help="wait for a running background cell, then run this one")
+    @argument("--track", choices=["mlflow", "wandb"], default=None,
+              help="log the group's reports, pushed values and rollbacks to MLflow or W&B (settings from the "
+                   "environment: MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME, WANDB_PROJECT, WANDB_MODE)")
     @argument("--steps", type=int, default=None, help="the cell's number of steps, for the progress bars")
     @argument("--quiet-after", dest="quiet_after", type=float, default=QUIET_AFTER_S, metavar="S",
               help="after S seconds without output or report, say once where every rank is (default 60; 0: never)")
@@ -97,6 +100,8 @@ class DistributedMagics(Magics):
             self._attach(args.datasets, group)
         if args.push:
             self._push([n.strip() for n in args.push.split(",") if n.strip()], group)
+        if args.track:
+            self._track(args.track, group)
         return cells.run_cell(group, cell, args, parse_ranks(args.ranks))
 
     def _group_for(self, args: Any) -> WorkerGroup:
@@ -149,6 +154,12 @@ class DistributedMagics(Magics):
             group.push(**{n: self.shell.user_ns[n] for n in names})
         except GroupError as exc:
             raise UsageError(str(exc)) from None
+
+    def _track(self, kind: str, group: WorkerGroup) -> None:
+        try:
+            group.track(kind)
+        except (GroupError, ImportError) as exc:
+            raise UsageError(f"--track {kind}: {exc}") from None
 
     @line_magic
     def dist_status(self, line: str) -> None:

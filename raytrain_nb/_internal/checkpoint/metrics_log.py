@@ -1,7 +1,9 @@
 """The run's metric log: every reported metric, one JSON line each, in ``metrics.jsonl``.
 
 Records are appended with or without a checkpoint; a new kernel reads them back with
-:func:`read_metrics` without starting a group.
+:func:`read_metrics` without starting a group. The driver adds each report's index under ``_report``
+(:data:`REPORT_KEY`), which readers drop: :func:`last_report_index` finds the newest one, so a run reopened
+in a new kernel numbers its reports after every report it made, with a checkpoint or without.
 
 Example::
 
@@ -22,6 +24,10 @@ from .storage import join, resolve, to_json, to_url
 logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
+#: The key of a line's report index (written by the driver, dropped by :func:`read_metrics`).
+REPORT_KEY = "_report"
+#: How much of the end of ``metrics.jsonl`` :func:`last_report_index` reads.
+TAIL_BYTES = 64 * 1024
 
 
 def append_metrics(run_dir_url: Any, record: Union[Dict[str, Any], List[Dict[str, Any]]],
@@ -86,5 +92,30 @@ def read_metrics(run_dir_url: Any, filesystem: Optional[Any] = None) -> List[Dic
             logger.warning("metrics file %s line %d skipped: %s; fix or delete that line", to_url(fs, path),
                            number, why)
             continue
+        record.pop(REPORT_KEY, None)
         records.append(record)
     return records
+
+
+def last_report_index(run_dir_url: Any, filesystem: Optional[Any] = None) -> int:
+    """The highest report index in the last lines of the run's ``metrics.jsonl`` (0 when none carries one).
+
+    Indices only grow along the file, so the newest line that carries one has the highest; only the file's
+    last :data:`TAIL_BYTES` are read (a torn or damaged line is passed over).
+    """
+    fs, run = resolve(run_dir_url, filesystem)
+    path = join(run, METRICS_FILE)
+    fs.invalidate_cache(path)
+    try:
+        size = fs.size(path)
+        data = fs.cat_file(path, start=max(0, size - TAIL_BYTES), end=size) if size else b""
+    except FileNotFoundError:
+        return 0
+    for line in reversed(data.decode("utf-8", errors="replace").split("\n")):
+        try:
+            index = json.loads(line).get(REPORT_KEY) if line.strip() else None
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(index, int) and not isinstance(index, bool):
+            return index
+    return 0

@@ -10,7 +10,7 @@ from ..errors import CheckpointError
 from . import reported
 from .lease import RunLease
 from .manager import CheckpointEntry, CheckpointManager
-from .metrics_log import append_metrics
+from .metrics_log import REPORT_KEY, append_metrics, last_report_index
 from .staging import StagedDir, clean_leftovers, commit_dir
 from .storage import check_run_name, default_storage_path, join, refuse_per_process, resolve, to_url
 from .storage_check import clear_markers, collect_markers, write_marker
@@ -55,9 +55,14 @@ class RunStorage:
         self.lease.release()
 
     def _next_report_number(self, pending: Sequence[str]) -> int:
-        """One past the highest report index the run has used: committed, or still in storage (``pending``)."""
+        """One past the highest report index the run has used: committed, still in storage (``pending``), or
+        logged with rank 0's metrics (reports without a checkpoint count too)."""
         used = [reported.report_index(e.name) for e in self.manager.list("reported")]
         used += [reported.report_index(n) for n in pending]
+        try:
+            used.append(last_report_index(self.url))
+        except Exception as exc:  # noqa: BLE001 - the checkpoints' indices still hold
+            logger.warning("cannot read the last report index from %s/metrics.jsonl: %s", self.url, exc)
         return max((i for i in used if i is not None), default=0) + 1
 
     def check_shared(self, on_workers: Callable[[str, str], Any], num_workers: int) -> None:
@@ -83,7 +88,7 @@ class RunStorage:
     def on_records(self, records: Sequence[Dict[str, Any]], world_size: int) -> None:
         """Append rank 0's metrics to ``metrics.jsonl``; commit a reported checkpoint once every rank of
         the ``world_size`` world reported it (with files or without)."""
-        lines = [dict(r["metrics"], _time=r["time"]) for r in records if r["rank"] == 0]
+        lines = [dict(r["metrics"], _time=r["time"], **_index_of(r)) for r in records if r["rank"] == 0]
         if lines:
             try:
                 append_metrics(self.url, lines)
@@ -161,6 +166,12 @@ class RunStorage:
     def advance(self, reports: int) -> None:
         """After a cell: the next cell numbers its reported checkpoints after this one's."""
         self.report_base += reports
+
+
+def _index_of(record: Dict[str, Any]) -> Dict[str, int]:
+    """``{"_report": index}`` for a record of a numbered report (``{}`` otherwise), for ``metrics.jsonl``."""
+    index = reported.report_index(record.get("report") or "")
+    return {} if index is None else {REPORT_KEY: index}
 
 
 def _settle(run_url: str, staged: StagedDir) -> Tuple[Optional[str], Dict[str, Any]]:

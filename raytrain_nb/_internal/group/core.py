@@ -87,6 +87,8 @@ class GroupCore:
         self.vitals = Vitals()  # each rank's resources, step time, and whether it is slow
         self._observers: List[Callable[[GroupState, GroupState], None]] = []
         self._metric_observers: List[Callable[[Sequence[Dict[str, Any]]], None]] = []
+        self._event_observers: List[Callable[[str, Dict[str, Any]], None]] = []
+        self.trackers: Dict[str, Any] = {}  # kind -> the Tracker that group.track() attached (group/tracking.py)
         self._max_report_index = -1
         self._cell_seq = 0
 
@@ -109,6 +111,18 @@ class GroupCore:
 
     def subscribe_metrics(self, callback: Callable[[Sequence[Dict[str, Any]]], None]) -> None:
         self._metric_observers.append(callback)
+
+    def subscribe_events(self, callback: Callable[[str, Dict[str, Any]], None]) -> None:
+        """Call ``callback(kind, info)`` on an event that is not a state change (``rollback``, ``load``)."""
+        self._event_observers.append(callback)
+
+    def event(self, kind: str, **info: Any) -> None:
+        """Tell event observers (a tracker records a rollback); an observer never breaks the group."""
+        for cb in list(self._event_observers):
+            try:
+                cb(kind, info)
+            except Exception:
+                logger.exception("event observer failed")
 
     def transition(self, new: GroupState) -> None:
         """Change the state, checked against :data:`~.state.TRANSITIONS`, and tell observers.

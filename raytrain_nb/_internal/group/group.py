@@ -19,7 +19,7 @@ from ..checkpoint.run_storage import RunStorage
 from ..errors import GroupError
 from ..output import OutputSink, TextSink
 from ..worker.checkpointing import read_storage_marker
-from . import liveness
+from . import liveness, tracking
 from .config import GroupConfig
 from .core import GroupCore, Settings
 from .debug import post_mortem
@@ -267,6 +267,10 @@ class WorkerGroup:
         """Replace the workers of ``ranks`` with fresh ones that get a live peer's state."""
         replace_ranks(self._core, self._formation, list(ranks))
 
+    def track(self, tracker: Any = "mlflow", **options: Any) -> Any:
+        """Log this group's reports, pushed values and rollbacks to its run's tracked run (:func:`.tracking.track`)."""
+        return tracking.track(self._core, tracker, options)
+
     # -- checkpoints -----------------------------------------------------------------------
 
     def checkpoint(self, name: Optional[str] = None, vars: Sequence[str] = (), *, blocking: bool = True,
@@ -301,9 +305,8 @@ class WorkerGroup:
     def load(self, checkpoint: Any, *, allow_pickle: bool = False) -> RollbackResult:
         """Load a checkpoint of named state into the same named objects on every rank (``id()`` unchanged).
 
-        The checkpoint is a snapshot (of any run) or one a trial wrote with
-        ``raytrain_nb.tune.save_state(dir, model=model, opt=opt)``: each saved name (``model``,
-        ``opt``) loads into the object bound to that name here, as rollback does.
+        The checkpoint is a snapshot (of any run) or one a trial wrote with ``raytrain_nb.tune.save_state(dir, model=
+        model, opt=opt)``: each saved name (``model``, ``opt``) loads into the object bound to it, as rollback does.
 
         Args:
             checkpoint: a path or fsspec URL, a ``Checkpoint``, or a result holding one (Ray
@@ -340,13 +343,10 @@ class WorkerGroup:
     def restart(self, from_checkpoint: Optional[Any] = None) -> List[int]:
         """Replace every dead (or unresponsive) worker; state comes from a live peer.
 
-        Each replacement replays the group's setup cells (collectives deferred),
-        then every rank re-forms the process group, DDP models are re-wrapped
-        and the replicated state (models, optimizers, schedulers, grad scalers,
-        plain variables the replacement lacks) is broadcast from a survivor.
-
-        With ``from_checkpoint`` (a snapshot name, or ``"latest"``) every rank then loads
-        that snapshot instead; then no live worker is needed (every rank may have died).
+        Each replacement replays the group's setup cells (collectives deferred), then every rank re-forms the process
+        group, DDP models are re-wrapped and the replicated state (models, optimizers, schedulers, grad scalers, plain
+        variables the replacement lacks) is broadcast from a survivor. With ``from_checkpoint`` (a snapshot name, or
+        ``"latest"``) every rank then loads that snapshot instead; no live worker is needed then (all may have died).
 
         On a backend that cannot form its collective again in a live process (``tensorflow``) every rank gets a
         fresh process, the lowest live rank's tracked state loaded into the objects its replayed setup cells made.

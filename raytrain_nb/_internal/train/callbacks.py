@@ -42,12 +42,15 @@ class TrainRunContext:
         run_dir: the run directory (local path or URL).
         world_size: the current number of workers.
         train_loop_config: the config passed to the training function.
+        report_index: in ``after_report``, the report's index in the run (it keeps counting across restarts,
+            resumes and kernels on the same run; None for a report without one).
     """
 
     name: str
     run_dir: str
     world_size: int
     train_loop_config: Optional[Dict[str, Any]] = None
+    report_index: Optional[int] = None
 
     def get_run_config(self) -> Any:  # Ray Train's accessor, for callbacks written for it
         return self

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from .. import cluster, frontend
 from ..checkpoint.metrics_log import read_metrics
+from ..checkpoint.reported import report_index
 from ..checkpoint.storage import as_fsspec, default_storage_path, is_local, resolve
 from ..errors import (CheckpointError, ConfigError, GroupError, ResourceError, RunInUseError, WorkerError, cut_lines,
                       format_ranks, merge_failures)
@@ -158,6 +159,7 @@ class FitRun:
             except CheckpointError:  # pruned at once (num_to_keep), or not committed
                 checkpoint = None
         if self.callbacks is not None:
+            self.callbacks.context.report_index = report_index(name)
             self.callbacks.after_report(metrics, checkpoint)
         self._check_growth(checkpoint is not None)
 
