@@ -56,9 +56,11 @@ def read_segment(folder: pathlib.Path) -> Segment:
     seg = Segment(folder.name, [], [], [], "", {}, [])
     for record in records(path):
         kind = record.WhichOneof("record_type")
-        if kind == "run":
+        if kind == "run":  # the run's record (and its updates): id, tags, notes, the config given to init
             seg.run_ids.append(record.run.run_id)
             seg.tags, seg.notes = list(record.run.tags) or seg.tags, record.run.notes or seg.notes
+            for item in record.run.config.update:
+                seg.config[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
         elif kind == "history":
             seg.history.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
                                 for item in record.history.item})
