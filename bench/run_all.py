@@ -62,7 +62,7 @@ def _memory_figures(quick: bool) -> List[Figure]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="", help="comma-separated section numbers (1-19)")
+    parser.add_argument("--only", default="", help="comma-separated section numbers (1-20)")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     args = parser.parse_args()
     only = {int(x) for x in args.only.split(",") if x.strip()} or set(range(1, 21))
@@ -132,7 +132,8 @@ def main() -> int:
             ray.shutdown()
 
     # Sections with a run() of their own (each starts what it needs): 7 checkpoints, 8 recovery,
-    # 9 dashboard, 10 trainer, ..., 18 a no-op cell in a real kernel with the dashboard shown, 19 looking inside.
+    # 9 dashboard, 10 trainer, ..., 18 a no-op cell in a real kernel with the dashboard shown, 19 looking inside,
+    # 20 experiment tracking with its server down.
     for number, module, kwargs in ((7, "bench_checkpoint", {"rounds": 3 if args.quick else 7}),
                                    (8, "bench_recovery", {"rounds": 1 if args.quick else 3}),
                                    (9, "bench_dashboard", {"quick": args.quick}), (10, "bench_trainer", {"quick": args.quick}),
@@ -144,7 +145,8 @@ def main() -> int:
                                    (16, "bench_xgboost", {"quick": args.quick}),
                                    (17, "bench_worker_start", {"quick": args.quick}),
                                    (18, "bench_kernel", {"quick": args.quick}),
-                                   (19, "bench_inspect", {"quick": args.quick})):
+                                   (19, "bench_inspect", {"quick": args.quick}),
+                                   (20, "bench_tracking", {"quick": args.quick})):
         if number in only and os.path.exists(os.path.join(BENCH_DIR, module + ".py")):
             attempt(module, lambda m=module, kw=kwargs: __import__(m).run(**kw))
 

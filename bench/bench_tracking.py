@@ -1,0 +1,123 @@
+"""Figures 20a-20b: what experiment tracking costs the training loop when its server is down.
+
+20a: steps/s of the DDP loop reporting every step, on a 2-worker group, with an MLflow tracker attached whose server
+is stopped (nothing listens on its port: every call the tracker makes waits in MLflow's retries, on the tracker's
+own thread) against the same loop untracked, interleaved on the same workers (a tracker is attached for an "on"
+cell and closed after it). The figure is the slowdown at the worse end of the 95 % interval of the median of the
+per-round ratios (on / off); the target: within 2 %.
+20a' (info): the same ratio in steps per CPU second of the busier worker (what other work on a loaded machine
+takes from the workers does not count). 20b (info): the driver's cost of one report handed to a tracker
+(``Tracker.log_report``), server down; 20c (info): the driver's CPU a report, tracked cell minus untracked.
+"""
+from __future__ import annotations
+
+import socket
+import statistics
+import time
+from typing import Any, Dict, List
+
+from common import Figure, alternate, fmt_stats, median_ci, section, stats
+
+STEPS = 200
+ROUNDS = 20
+
+
+def _dead_server() -> str:
+    """An MLflow URL nothing listens on (a server that is stopped)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def _measure(group: Any, cell: str, steps: int) -> Dict[str, float]:
+    """The cell's steps/s (the slower rank's wall time), steps per CPU second of the busier worker, and the
+    driver's CPU seconds meanwhile (its poll and observers, and the tracker's thread)."""
+    from raytrain_nb._internal.output import CollectSink
+
+    cpu0 = time.process_time()
+    group.run(cell, sink=CollectSink())
+    driver_cpu = time.process_time() - cpu0
+    return {"steps_per_s": steps / max(group.pull("elapsed", rank=None)),
+            "steps_per_cpu_s": steps / max(group.pull("cpu_time", rank=None)), "driver_cpu_s": driver_cpu}
+
+
+def run(quick: bool = False) -> List[Figure]:
+    import importlib.util
+
+    from raytrain_nb import WorkerGroup
+    from raytrain_nb._internal import cluster
+    from raytrain_nb._internal.output import CollectSink
+    from workload import GROUP_SETUP, loop_cell
+
+    section("20. experiment tracking with its server down: steps/s on vs off (interleaved), a report's driver cost")
+    if importlib.util.find_spec("mlflow") is None:
+        print("  skipped: mlflow is not installed (pip install -e '.[mlflow]')")
+        return []
+    steps, rounds = (100, 3) if quick else (STEPS, ROUNDS)
+    dead = _dead_server()
+    cluster.connect()
+    group = WorkerGroup(2)
+    trackers: List[Any] = []
+    try:
+        group.run(GROUP_SETUP, sink=CollectSink())
+        cell = loop_cell(steps, report=True)
+
+        def tracked() -> Dict[str, float]:
+            tracker = group.track("mlflow", tracking_uri=dead)
+            trackers.append(tracker)
+            try:
+                return _measure(group, cell, steps)
+            finally:
+                tracker.close(wait_s=0)  # detached: the next "off" cell runs untracked
+
+        def untracked() -> Dict[str, float]:
+            return _measure(group, cell, steps)
+
+        out = alternate({"on": tracked, "off": untracked}, rounds=rounds, warmup=1)
+    finally:
+        group.shutdown()
+    on, off = [m["steps_per_s"] for m in out["on"]], [m["steps_per_s"] for m in out["off"]]
+    ratios = [a / b for a, b in zip(on, off)]
+    lo, hi = median_ci(ratios)
+    s_on, s_off, s_ratio = stats(on), stats(off), stats(ratios)
+    cpu_ratios = [a["steps_per_cpu_s"] / b["steps_per_cpu_s"] for a, b in zip(out["on"], out["off"])]
+    cpu_lo, cpu_hi = median_ci(cpu_ratios)
+    driver = [(a["driver_cpu_s"] - b["driver_cpu_s"]) / steps for a, b in zip(out["on"], out["off"])]
+    pending = sum(t.log.pending for t in trackers)
+    print(f"  on  {fmt_stats(s_on, unit='steps/s', digits=0)}\n  off {fmt_stats(s_off, unit='steps/s', digits=0)}")
+    print(f"  on/off median {s_ratio['median']:.4f}, 95% interval {lo:.4f}-{hi:.4f}; "
+          f"{pending} calls still waiting for the stopped server")
+    print(f"  steps per worker CPU second, on/off median {statistics.median(cpu_ratios):.4f} (95% interval "
+          f"{cpu_lo:.4f}-{cpu_hi:.4f}); the driver's CPU a report, on minus off: "
+          f"{statistics.median(driver) * 1e6:.0f} us (median)")
+    per_report = _driver_cost(dead, 2000 if quick else 20000)
+    print(f"  Tracker.log_report with the server down: {per_report * 1e6:.1f} us a report on the driver")
+    return [
+        Figure("20a", "steps/s slowdown, tracking on (server down) vs off", 100 * (1 - lo), "%", "<", 2.0,
+               spread=f"on/off median {s_ratio['median']:.4f} (95% CI {lo:.4f}-{hi:.4f}, n={len(ratios)})",
+               note=f"{steps} DDP steps a cell, a report each; {s_off['median']:.0f} steps/s untracked",
+               detail={"on": out["on"], "off": out["off"], "ratios": ratios}),
+        Figure("20a'", "diagnostic: steps per worker CPU s, tracking on vs off", 100 * (1 - cpu_lo), "%", "info",
+               2.0, spread=f"on/off median {statistics.median(cpu_ratios):.4f} (95% CI {cpu_lo:.4f}-{cpu_hi:.4f})",
+               note="the workers' own CPU time: what other work on the machine takes from them does not count"),
+        Figure("20c", "driver CPU a report, tracking on minus off (server down)", statistics.median(driver) * 1e6,
+               "us", "info", 50.0, note="the driver's poll thread and the tracker's thread, per report"),
+        Figure("20b", "driver cost of a report handed to a tracker (server down)", per_report * 1e6, "us", "info",
+               50.0, note="the report's row is queued; nothing waits for the server"),
+    ]
+
+
+def _driver_cost(url: str, reports: int) -> float:
+    """Seconds per ``Tracker.log_report`` of a 2-rank report, its tracker's server down."""
+    import tempfile
+
+    from raytrain_nb._internal.tracking.tracker import TrackerSpec, open_tracker
+
+    tracker = open_tracker(TrackerSpec("mlflow", {"tracking_uri": url}), tempfile.mkdtemp(), "bench")
+    metrics: List[Dict[str, Any]] = [{"loss": 0.5, "step": 1}, {"loss": 0.6, "step": 1}]
+    t0 = time.perf_counter()
+    for i in range(1, reports + 1):
+        tracker.log_report(i, metrics)
+    cost = (time.perf_counter() - t0) / reports
+    tracker.close(wait_s=0)
+    return cost
