@@ -51,3 +51,22 @@ def test_setup_wandb_gives_rank0_a_run_and_the_others_a_disabled_one(ray_session
         assert group.pull("disabled", rank=None) == [False, True]
     (segment,) = read_segments(tmp_path)  # rank 0's only
     assert segment.history == [dict(segment.history[0], loss=0.5, _step=1)] and segment.config["lr"] == 0.1
+
+
+@pytest.mark.parametrize("ours, theirs", [
+    ("raytrain_nb.integrations.mlflow:setup_mlflow", "ray.air.integrations.mlflow:setup_mlflow"),
+    ("raytrain_nb.integrations.mlflow:MLflowLoggerCallback", "ray.air.integrations.mlflow:MLflowLoggerCallback"),
+    ("raytrain_nb.integrations.wandb:setup_wandb", "ray.air.integrations.wandb:setup_wandb"),
+    ("raytrain_nb.integrations.wandb:WandbLoggerCallback", "ray.air.integrations.wandb:WandbLoggerCallback"),
+])
+def test_the_signatures_are_rays(ours, theirs):
+    """Names, kinds and defaults of every parameter, as Ray 2.60 has them (annotations left out)."""
+    import importlib
+    import inspect
+
+    def params(spec):
+        module, name = spec.split(":")
+        obj = getattr(importlib.import_module(module), name)
+        return [(p.name, p.kind, p.default) for p in inspect.signature(obj).parameters.values()]
+
+    assert params(ours) == params(theirs)

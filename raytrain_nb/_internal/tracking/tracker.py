@@ -31,7 +31,7 @@ BATCH = 200
 CLOSE_WAIT_S = 10.0
 KINDS = ("mlflow", "wandb")
 
-Row = Tuple[int, Dict[str, float], float]
+Row = Tuple[int, Sequence[Mapping[str, Any]], float]  # a report waiting: index, metrics by rank, time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +120,7 @@ class Tracker:
             logger.debug("report %d not logged: step %d was logged already", index, self.last_step)
             return False
         self.last_step = index
-        row = (index, metric_row(metrics_by_rank), time_s or time.time())
+        row = (index, metrics_by_rank, time_s or time.time())  # made into numbers on the tracker's thread
         with self._rows_lock:
             if len(self._rows) >= self.log.capacity:
                 self.log.dropped += 1
@@ -182,7 +182,7 @@ class Tracker:
                     return
                 batch: List[Row] = list(itertools.islice(self._rows, BATCH))
             try:
-                self.backend.log_metrics(batch)
+                self.backend.log_metrics([(index, metric_row(by_rank), when) for index, by_rank, when in batch])
             except Exception as exc:  # noqa: BLE001 - retried by the log, unless refused for good
                 if not (isinstance(exc, Rejected) or self.permanent(exc)):
                     raise
