@@ -88,7 +88,7 @@ class ReportGrouper:
             if index is None:
                 continue
             ranks = self._pending.setdefault(index, {})
-            ranks[int(rec["rank"])] = dict(rec)
+            ranks[int(rec["rank"])] = rec
             if len(ranks) >= self.world_size():
                 complete = max(complete, index)
         if complete >= 0:
