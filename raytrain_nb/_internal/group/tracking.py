@@ -29,6 +29,7 @@ def track(core: "GroupCore", tracker: Any, options: Mapping[str, Any]) -> Tracke
 
     Raises:
         GroupError: an unknown tracker, or the group is shut down.
+        ImportError: the tracker's library is not installed (naming the extra).
     """
     spec = _spec(tracker, options)
     attached = core.trackers.get(spec.kind)
