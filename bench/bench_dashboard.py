@@ -17,8 +17,6 @@ from a suite that already has a group.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import threading
@@ -29,7 +27,7 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
-from common import RESULTS_DIR, Figure, fmt_stats, median_ci, section, single_thread, stats  # noqa: E402
+from common import Figure, fmt_stats, median_ci, section, single_thread, stats  # noqa: E402
 
 REPORTS = 120
 REPORT_EVERY_S = 0.15
@@ -163,20 +161,9 @@ def run(group: Any = None, quick: bool = False) -> List[Figure]:
 
 
 def main() -> int:
-    from common import summary_table
+    from common import run_standalone
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
-    args = parser.parse_args()
-    figures = run(quick=args.quick)
-    section("summary")
-    print(summary_table(figures))
-    os.makedirs(RESULTS_DIR, exist_ok=True)
-    path = os.path.join(RESULTS_DIR, "dashboard.json")
-    with open(path, "w") as fh:
-        json.dump({"quick": args.quick, "figures": [f.as_dict() for f in figures]}, fh, indent=1, default=str)
-    print(f"results: {path}")
-    return 0 if all(f.passed is not False for f in figures) else 1
+    return run_standalone(run, __doc__, "dashboard", "fewer repetitions (a smoke run)")
 
 
 if __name__ == "__main__":

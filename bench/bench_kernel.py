@@ -25,7 +25,6 @@ from the dashboard's timer thread is a ``comm_msg`` too.
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import os
@@ -40,7 +39,7 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
-from common import RESULTS_DIR, Figure, fmt_stats, median_ci, section, stats  # noqa: E402
+from common import Figure, fmt_stats, median_ci, section, stats  # noqa: E402
 
 ROUNDS = 200
 WARMUP = 20
@@ -237,20 +236,9 @@ def run(quick: bool = False) -> List[Figure]:
 
 
 def main() -> int:
-    from common import summary_table
+    from common import run_standalone
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
-    args = parser.parse_args()
-    figs = run(quick=args.quick)
-    section("summary")
-    print(summary_table(figs))
-    os.makedirs(RESULTS_DIR, exist_ok=True)
-    path = os.path.join(RESULTS_DIR, "kernel.json")
-    with open(path, "w") as fh:
-        json.dump({"quick": args.quick, "figures": [f.as_dict() for f in figs]}, fh, indent=1, default=str)
-    print(f"results: {path}")
-    return 0 if all(f.passed is not False for f in figs) else 1
+    return run_standalone(run, __doc__, "kernel", "fewer rounds (a smoke run)")
 
 
 if __name__ == "__main__":

@@ -16,9 +16,7 @@ dashboard's own, not Tune's or the machine's scheduling of trial actors.
 """
 from __future__ import annotations
 
-import argparse
 import io
-import json
 import os
 import sys
 import time
@@ -28,7 +26,7 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
-from common import RESULTS_DIR, Figure, fmt_stats, section, single_thread, stats  # noqa: E402
+from common import Figure, fmt_stats, section, single_thread, stats  # noqa: E402
 
 TRIALS = 8
 RESULTS = 500
@@ -144,20 +142,9 @@ def run(quick: bool = False) -> List[Figure]:
 
 
 def main() -> int:
-    from common import summary_table
+    from common import run_standalone
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer results (a smoke run)")
-    args = parser.parse_args()
-    figures = run(quick=args.quick)
-    section("summary")
-    print(summary_table(figures))
-    os.makedirs(RESULTS_DIR, exist_ok=True)
-    path = os.path.join(RESULTS_DIR, "tune_widget.json")
-    with open(path, "w") as fh:
-        json.dump({"quick": args.quick, "figures": [f.as_dict() for f in figures]}, fh, indent=1, default=str)
-    print(f"results: {path}")
-    return 0 if all(f.passed is not False for f in figures) else 1
+    return run_standalone(run, __doc__, "tune_widget", "fewer results (a smoke run)")
 
 
 if __name__ == "__main__":

@@ -363,3 +363,22 @@ def timed_group_cell(group: Any, source: str) -> Dict[str, float]:
     results = group.pull("_r", rank=None)
     return {"steps_per_s": min(r["steps_per_s"] for r in results),
             "first_step": min(r["first_step"] for r in results) - t0}
+
+
+def run_standalone(run: Callable[..., List["Figure"]], doc: str, name: str, quick_help: str) -> int:
+    """A bench file run on its own (``python bench/bench_x.py [--quick]``): its figures, a summary table, and
+    ``bench/results/<name>.json``; exits 1 if a figure missed its target."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    args = parser.parse_args()
+    figures = run(quick=args.quick)
+    section("summary")
+    print(summary_table(figures))
+    os.makedirs(RESULTS_DIR, exist_ok=True)
+    path = os.path.join(RESULTS_DIR, f"{name}.json")
+    with open(path, "w") as fh:
+        json.dump({"quick": args.quick, "figures": [f.as_dict() for f in figures]}, fh, indent=1, default=str)
+    print(f"results: {path}")
+    return 0 if all(f.passed is not False for f in figures) else 1
