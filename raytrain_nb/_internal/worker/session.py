@@ -246,7 +246,9 @@ def report(metrics: Dict[str, Any], checkpoint: Any = None, checkpoint_dir_name:
     Raises:
         NotSupportedError: a Ray Train option that cannot be honoured, naming it.
     """
-    check_report_options(checkpoint_dir_name, checkpoint_upload_mode, checkpoint_upload_fn, validation)
+    if (checkpoint_dir_name is not None or checkpoint_upload_mode is not CheckpointUploadMode.SYNC
+            or checkpoint_upload_fn is not None or validation is not False):  # the step path: one look at defaults
+        check_report_options(checkpoint_dir_name, checkpoint_upload_mode, checkpoint_upload_fn, validation)
     session = _get_session("report")
     session.report(metrics, total=total, checkpoint=checkpoint)
     if checkpoint is not None and delete_local_checkpoint_after_upload:
