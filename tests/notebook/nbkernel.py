@@ -162,13 +162,8 @@ class Kernel:
         """Collect the execute reply and every iopub message of ``cell`` up to its idle status."""
         deadline = time.time() + timeout
         while cell.reply is None:
-            left = deadline - time.time()
-            if left <= 0:
-                raise TimeoutError(f"no execute_reply within {timeout:g} s; so far:\n{cell.describe()}")
-            try:
-                raw = self.kc.get_shell_msg(timeout=min(left, 1.0))
-            except queue.Empty:
-                continue
+            raw = _receive(self.kc.get_shell_msg, deadline,
+                           lambda: f"no execute_reply within {timeout:g} s; so far:\n{cell.describe()}")
             if raw["parent_header"].get("msg_id") == cell.msg_id:
                 cell.received_t = time.time()
                 cell.reply = raw["content"]
@@ -185,13 +180,8 @@ class Kernel:
         deadline = time.time() + timeout
         for line in answers:
             while True:
-                left = deadline - time.time()
-                if left <= 0:
-                    raise TimeoutError(f"no input request for {line!r} within {timeout:g} s (prompts: {prompts})")
-                try:
-                    msg = self.kc.get_stdin_msg(timeout=min(left, 1.0))
-                except queue.Empty:
-                    continue
+                msg = _receive(self.kc.get_stdin_msg, deadline,
+                               lambda: f"no input request for {line!r} within {timeout:g} s (prompts: {prompts})")
                 if msg["msg_type"] == "input_request":
                     prompts.append(msg["content"]["prompt"])
                     self.kc.input(line)
@@ -266,3 +256,16 @@ def usage_error(cell: Cell) -> str:
     assert lines == [f"UsageError: {cell.reply['evalue']}"], f"a UsageError is one line, got:\n{cell.stderr}"
     assert "\n" not in cell.reply["evalue"]
     return cell.reply["evalue"]
+
+
+def _receive(get: Callable[..., Dict[str, Any]], deadline: float, what: Callable[[], str]) -> Dict[str, Any]:
+    """The next message from a channel's ``get`` (``get_shell_msg``, ``get_stdin_msg``) before ``deadline``, or a
+    TimeoutError saying ``what()`` was waited for."""
+    while True:
+        left = deadline - time.time()
+        if left <= 0:
+            raise TimeoutError(what())
+        try:
+            return get(timeout=min(left, 1.0))
+        except queue.Empty:
+            continue
