@@ -3,7 +3,8 @@
 One scenario, as a user would click it: train in a ``--background`` cell, watch the bars move,
 click Checkpoint, click it again while another cell keeps the kernel busy, kill a worker from another
 cell, see its row turn red, click Restart, see it turn back, click Rollback, and check that the
-buttons are off during a foreground cell.
+buttons are off during a foreground cell; Where shows every rank's stack during the background
+cell, and ``breakpoint()`` on rank 1 takes pdb commands from JupyterLab's input box.
 
 Since JupyterLab 4.4, widget messages go to a kernel subshell (setting "Kernel Comms over
 subshells", on by default) when the kernel has them (ipykernel 7): a click is handled at once even
@@ -53,6 +54,10 @@ victim = raytrain_nb.active_group().status()[1]
 os.kill(victim.pid, signal.SIGKILL)
 print("killed rank 1, pid", victim.pid)""",
     "%%distributed\ntime.sleep(4)  # a foreground cell: the buttons are off meanwhile",
+    """%%distributed
+if train.get_context().get_world_rank() == 1:
+    breakpoint()  # pdb on rank 1, its prompt in this cell
+answer = 6 * 7""",
 ]
 
 
@@ -172,6 +177,12 @@ def test_dashboard_in_jupyterlab(lab, page):
     expect(bg_output).to_contain_text("train step")
     assert "train step" not in busy_output.inner_text()
 
+    # Where: every rank's stack in the background cell, at once
+    page.locator(".rtnb-btn-where").click()
+    where = page.locator(".rtnb-where")
+    expect(where).to_contain_text(re.compile(r"ranks? [01].*cell", re.S))
+    assert "idle" not in where.inner_text(), where.inner_text()
+
     # kill rank 1 from another cell: its row turns red with the cause, Restart is the way out
     _run_cell(page, 4)
     row = page.locator(".rtnb-rank-1.rtnb-state-dead")
@@ -201,4 +212,22 @@ def test_dashboard_in_jupyterlab(lab, page):
     expect(shutdown).to_be_enabled()
     expect(page.locator(".rtnb-rank-0.rtnb-state-idle")).to_be_visible()
     assert "shut down" not in page.locator(".rtnb-status").inner_text()
+
+    # breakpoint() on rank 1: pdb's prompt is JupyterLab's input box in the running cell
+    _run_cell(page, 6)
+    stdin = page.locator(".jp-Notebook .jp-Cell").nth(6).locator("input.jp-Stdin-input")
+    expect(stdin).to_be_visible()
+    out = page.locator(".jp-Notebook .jp-Cell").nth(6).locator(".jp-OutputArea")
+    expect(out).to_contain_text("[rank 1] (Pdb)")
+    stdin.fill("p 6 * 7")
+    stdin.press("Enter")
+    expect(out).to_contain_text("42")
+    stdin = page.locator(".jp-Notebook .jp-Cell").nth(6).locator("input.jp-Stdin-input")
+    expect(stdin).to_have_count(2)  # pdb asks again; the answered box stays above it
+    stdin = stdin.last
+    stdin.fill("c")
+    stdin.press("Enter")
+    expect(page.locator(".jp-Notebook .jp-Cell").nth(6).locator(".jp-InputPrompt")).to_have_text(
+        re.compile(r"\[\d+\]"))
+    expect(page.locator(".rtnb-rank-1.rtnb-state-idle")).to_be_visible()
     _passed = True

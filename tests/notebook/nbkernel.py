@@ -173,6 +173,15 @@ class Kernel:
                           timeout=max(deadline - time.time(), 10.0))
         return cell
 
+    def await_prompt(self, timeout: float = CELL_TIMEOUT_S) -> str:
+        """Wait for the kernel's next ``input_request`` on the stdin channel and leave it unanswered (to interrupt
+        the kernel at the prompt, as Ctrl-C or the stop button does); returns its prompt."""
+        deadline = time.time() + timeout
+        while True:
+            msg = _receive(self.kc.get_stdin_msg, deadline, lambda: f"no input request within {timeout:g} s")
+            if msg["msg_type"] == "input_request":
+                return msg["content"]["prompt"]
+
     def answer(self, answers: List[str], timeout: float = CELL_TIMEOUT_S) -> List[str]:
         """Answer the kernel's next ``input_request``s on the stdin channel with ``answers``, in order (a cell
         submitted with ``allow_stdin=True``); returns the prompts the kernel showed."""

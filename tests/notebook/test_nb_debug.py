@@ -20,6 +20,19 @@ def test_breakpoint_pauses_rank_1_and_takes_pdb_commands_from_stdin(kernel):
     assert kernel.ok("%dist_pull y --all\ny").value == "[2, 3]"
 
 
+def test_interrupt_at_the_prompt_ends_the_session_and_the_cell_and_keeps_the_group(kernel):
+    kernel.ensure_group(SETUP)
+    cell = kernel.submit("%%distributed\nv = 1\nif rank == 0:\n    breakpoint()\nv = rank + 5\n", allow_stdin=True)
+    assert kernel.await_prompt() == "[rank 0] (Pdb) "
+    kernel.interrupt()  # Ctrl-C / the stop button while the prompt waits
+    kernel.finish(cell)
+    assert cell.status == "error" and "KeyboardInterrupt" in cell.error_text, cell.describe()
+    where = kernel.ok("%dist_where").stdout
+    assert "ranks 0, 1: idle" in where, where  # rank 0 left pdb, rank 1 stopped waiting for it
+    kernel.ok("%%distributed\nv = rank + 9")
+    assert kernel.ok("%dist_pull v --all\nv").value == "[9, 10]"
+
+
 def test_without_stdin_breakpoint_is_refused_in_one_line(kernel):
     cell = kernel.ok("%%distributed\nif rank == 1:\n    breakpoint()\nw = 3\n")
     lines = [ln for ln in strip_ansi(cell.stderr).splitlines() if "breakpoint()" in ln]
