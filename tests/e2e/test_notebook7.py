@@ -1,7 +1,8 @@
 """The quickstart in Jupyter Notebook 7 (the ``notebook`` package), the other front end Binder users pick.
 
 As a user would: open notebooks/01_quickstart.ipynb, run its cells one by one up to the shutdown, see the
-dashboard render, click Checkpoint and see the snapshot listed. Notebook 7 is built from JupyterLab's
+dashboard render, click Checkpoint and see the snapshot listed, then answer pdb's prompt from a
+``breakpoint()`` on rank 1 in the page's input box. Notebook 7 is built from JupyterLab's
 components, so the page has the same cells and widget views; its own server, URLs and shell differ.
 Screenshots go to ``artifacts/e2e/``. Skipped, or failed under CI, as tests/e2e/test_browser.py is.
 """
@@ -25,6 +26,10 @@ CELL_TIMEOUT_MS = 300_000  # the first group cell starts Ray: minutes on a loade
 QUICKSTART = "01_quickstart.ipynb"
 QUEUED_TIMEOUT_MS = 15_000  # Ctrl+Enter shows [*] at once, before the kernel answers
 QUEUE_ATTEMPTS = 3
+BREAKPOINT_CELL = """%%distributed
+import raytrain_nb as train
+if train.get_context().get_world_rank() == 1:
+    breakpoint()"""
 
 
 def _cells_before_shutdown() -> int:
@@ -60,6 +65,10 @@ def test_quickstart_dashboard_in_notebook_7(tmp_path):
 
     root = tmp_path / "root"
     shutil.copytree(ROOT / "notebooks", root)
+    pdb_cell = _cells_before_shutdown()  # a breakpoint() cell goes in before the shutdown, run after the clicks
+    nb = nbformat.read(root / QUICKSTART, as_version=4)
+    nb.cells.insert(pdb_cell, nbformat.v4.new_code_cell(BREAKPOINT_CELL))
+    nbformat.write(nb, root / QUICKSTART)
     env = {"RAYTRAIN_NB_NUM_CPUS": "8", "OMP_NUM_THREADS": "1", "RAYTRAIN_NB_STORAGE_PATH": str(tmp_path / "runs")}
     server = LabServer(root, env, app="notebook")
     passed = False
@@ -80,7 +89,7 @@ def test_quickstart_dashboard_in_notebook_7(tmp_path):
                 expect(page.locator(".jp-Toolbar-kernelName").first).to_contain_text("Python 3")
                 expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first).to_be_attached(
                     timeout=CELL_TIMEOUT_MS)
-                for index in range(_cells_before_shutdown()):
+                for index in range(pdb_cell):
                     cell = cells.nth(index)
                     if "jp-CodeCell" not in (cell.get_attribute("class") or ""):
                         continue
@@ -98,6 +107,18 @@ def test_quickstart_dashboard_in_notebook_7(tmp_path):
                 page.locator(".rtnb-btn-checkpoint").first.click()
                 expect(page.locator(".rtnb-status").first).to_contain_text("saved snapshot")
                 expect(page.locator(".rtnb-checkpoints select").first.locator("option")).to_have_count(before + 1)
+                # breakpoint() on rank 1: pdb's prompt is the page's input box, as in JupyterLab
+                cell = cells.nth(pdb_cell)
+                _run(page, cell, cell.locator(".jp-InputPrompt"))
+                out = cell.locator(".jp-OutputArea")
+                expect(out).to_contain_text("[rank 1] (Pdb)")
+                cell.locator("input.jp-Stdin-input").fill("p 6 * 7")
+                cell.locator("input.jp-Stdin-input").press("Enter")
+                expect(out).to_contain_text("42")
+                expect(cell.locator("input.jp-Stdin-input")).to_have_count(2)
+                cell.locator("input.jp-Stdin-input").last.fill("c")
+                cell.locator("input.jp-Stdin-input").last.press("Enter")
+                expect(cell.locator(".jp-InputPrompt")).to_have_text(re.compile(r"\[\d+\]"))
                 ARTIFACTS.mkdir(parents=True, exist_ok=True)
                 dash.scroll_into_view_if_needed()
                 dash.screenshot(path=str(ARTIFACTS / "notebook7-quickstart.png"))
