@@ -10,7 +10,7 @@ and output shows again as soon as it slows down.
 from __future__ import annotations
 
 import time
-from typing import Callable, Tuple
+from typing import Callable, Optional, Tuple
 
 from .._internal import settings
 
@@ -72,3 +72,43 @@ class RateCap:
     def flush(self) -> str:
         """At the end of a cell: the line saying what was held back since the last notice, if anything."""
         return self._resumed() if self.held_back else ""
+
+
+class MessageBudget:
+    """A token bucket over widget messages: at most ``rate`` a second on average, ``burst`` at once.
+
+    A dashboard spends what each update sent (:meth:`spend`, which may overdraw) and waits for :meth:`ready_at`
+    before the next one: an update is never cut in half, the one after it waits longer.
+
+    Args:
+        rate: messages per second; burst: messages at once after a quiet spell (default: one second's worth).
+        clock: seconds, monotonic (a parameter for tests).
+    """
+
+    def __init__(self, rate: float, burst: Optional[float] = None, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
+        if rate <= 0:
+            raise ValueError(f"a message budget of {rate!r} a second: give a positive rate")
+        self.rate = float(rate)
+        self.burst = float(burst if burst is not None else rate)
+        self.clock = clock
+        self._tokens = self.burst
+        self._at = clock()
+        self.spent = 0  # messages spent in all
+
+    def _refill(self) -> float:
+        now = self.clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+        self._at = now
+        return now
+
+    def spend(self, messages: int) -> None:
+        """Count ``messages`` just sent."""
+        self._refill()
+        self._tokens -= messages
+        self.spent += messages
+
+    def ready_at(self) -> float:
+        """When the next update may go (on :attr:`clock`): now, unless the budget is overdrawn."""
+        now = self._refill()
+        return now if self._tokens >= 0 else now + (-self._tokens) / self.rate

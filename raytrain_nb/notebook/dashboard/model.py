@@ -13,6 +13,7 @@ import time
 from typing import Any, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..view_helpers import finite_number
+from .bands import Bands, Line
 
 #: Badge colours by worker state: a glance tells idle (green), running (blue), failed (orange), dead (red).
 STATE_COLOURS = {
@@ -30,6 +31,11 @@ RATE_WINDOW_S = 5.0
 STEP_KEYS = ("step", "training_iteration")
 #: The plot's pseudo-metric: seconds between a rank's reports.
 STEP_TIME = "step time (s)"
+#: Beyond this many ranks the dashboard shows a summary and the plot a mean with a min-max band (summary.py).
+LARGE = 16
+#: Points kept over all ranks of a large group (each rank keeps its share, at least MIN_RANK_POINTS).
+TOTAL_POINTS = 64_000
+MIN_RANK_POINTS = 200
 
 
 def n_workers(n: int) -> str:
@@ -130,7 +136,8 @@ class Series:
     def new_cell(self) -> None:
         self._cell_start = True
 
-    def add(self, record: Dict[str, Any]) -> None:
+    def add(self, record: Dict[str, Any]) -> Optional[Tuple[float, Dict[str, float]]]:
+        """Take one report; returns its point ``(x, finite values)``, or None when it has no number."""
         metrics = record.get("metrics", {})
         values = {}
         raw = None
@@ -156,13 +163,7 @@ class Series:
         if len(self.points) > self.max_points:
             half = len(self.points) // 2
             self.points = self.points[:half:2] + self.points[half:]
-
-
-@dataclasses.dataclass
-class Line:
-    label: str
-    xs: List[float]
-    ys: List[float]
+        return (x, values) if values else None
 
 
 class DashboardModel:
@@ -178,6 +179,7 @@ class DashboardModel:
         self.pending_total: Optional[int] = None
         self.cell_total: Optional[int] = None
         self.version = 0  # bumped on every new point (the plot re-renders when it changed)
+        self.bands = Bands(max_points)  # every rank's points folded into mean, min and max per step
 
     def expect_steps(self, total: Optional[int]) -> None:
         """The total for the next cell's progress bars (``--steps N``), unless ``report(total=)`` says."""
@@ -225,9 +227,13 @@ class DashboardModel:
                 if any(r.get("total") is not None for r in recs) and last.get("total") is None:
                     last = dict(last, total=next(r["total"] for r in reversed(recs) if r.get("total") is not None))
                 row.add(last, self.cell_total, count=len(recs))  # a row shows the latest of a batch
-                series = self.series.setdefault(rank, Series(self.max_points))
+                series = self.series.get(rank)
+                if series is None:
+                    series = self.series[rank] = Series(self._rank_points())
                 for rec in recs:
-                    series.add(rec)
+                    point = series.add(rec)
+                    if point is not None:
+                        self.bands.add(*point)
                 for key, value in last.get("metrics", {}).items():
                     if key not in STEP_KEYS and key not in self.metric_keys and finite_number(value) is not None:
                         self.metric_keys.append(key)
@@ -237,6 +243,13 @@ class DashboardModel:
                 self.version += 1
         return list(by_rank)
 
+    def _rank_points(self) -> int:
+        """Points a rank's series keeps: ``max_points``, or in a large group its share of ``TOTAL_POINTS``."""
+        ranks = max(len(self.rows), len(self.series) + 1)
+        if ranks <= LARGE:
+            return self.max_points
+        return max(MIN_RANK_POINTS, min(self.max_points, TOTAL_POINTS // ranks))
+
     def default_metric(self) -> Optional[str]:
         with self.lock:
             if "loss" in self.metric_keys:
@@ -244,10 +257,14 @@ class DashboardModel:
             return self.metric_keys[0] if self.metric_keys else None
 
     def lines(self, metric: Optional[str], mean: bool = False) -> List[Line]:
-        """The plot's lines for ``metric``: one per rank, or their mean at each step."""
+        """The plot's lines for ``metric``: one per rank, or their mean at each step; beyond ``LARGE`` ranks
+        (either way) their mean with a min-max band, read from :attr:`bands` (its cost does not grow with ranks)."""
         if metric is None:
             return []
         with self.lock:
+            if len(self.series) > LARGE:
+                band = self.bands.line(metric, len(self.series), self.plot_points)
+                return [band] if band is not None else []
             per_rank = {r: [(x, v[metric]) for x, v in s.points if metric in v] for r, s in sorted(self.series.items())}
         per_rank = {r: pts for r, pts in per_rank.items() if pts}
         if mean and per_rank:

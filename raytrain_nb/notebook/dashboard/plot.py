@@ -5,7 +5,8 @@ axes, ticks, labels and legend are drawn only when they change (another metric o
 lines, or data beyond the limits: the step axis then doubles, the metric axis grows by half;
 a handful of times per run); every
 other frame restores that background and draws just the lines (blitting), then encodes the PNG
-as a palette image with fast compression. Rendering never touches pyplot's global state, so it is safe on the
+as a palette image with fast compression. A line with bounds (a large group's mean) gets its min-max band
+drawn under it. Rendering never touches pyplot's global state, so it is safe on the
 dashboard's timer thread while the user draws their own figures.
 """
 from __future__ import annotations
@@ -83,10 +84,12 @@ class MetricsPlot:
         """
         data = [(ln.label, [(x, y) for x, y in zip(ln.xs, ln.ys) if y > 0 or not log]) for ln in lines]
         data = [(label, pts) for label, pts in data if pts]
+        bands = [(ln.label, [(x, lo, hi) for x, lo, hi in zip(ln.xs, ln.lo, ln.hi) if lo > 0 or not log])
+                 for ln in lines if ln.lo is not None and ln.hi is not None]
         layout = (metric, log, tuple(label for label, _ in data), highlight, xlabel, empty_title)
         if data:
             xs = [x for _, pts in data for x, _ in pts]
-            ys = [y for _, pts in data for _, y in pts]
+            ys = [y for _, pts in data for _, y in pts] + [v for _, pts in bands for p in pts for v in p[1:]]
             xlim = _grow_steps(*(self._xlim if layout == self._layout else (0.0, 0.0)), min(xs), max(xs))
             ylim = _grow(*(self._ylim if layout == self._layout else (math.inf, -math.inf)), min(ys), max(ys), log)
         else:
@@ -95,6 +98,13 @@ class MetricsPlot:
             self._draw_background(layout, data, xlim, ylim, metric, log)
         else:
             self.canvas.restore_region(self._background)
+        for label, pts in bands:  # a large group's min-max band, under its mean line
+            if pts and label in self._lines:
+                band = self.axes.fill_between([p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts],
+                                              color=self._lines[label].get_color(), alpha=0.25, linewidth=0,
+                                              animated=True)
+                self.axes.draw_artist(band)
+                band.remove()
         for label, pts in data:
             line = self._lines[label]
             line.set_data([p[0] for p in pts], [p[1] for p in pts])
@@ -116,7 +126,7 @@ class MetricsPlot:
             if data:
                 ax.set_yscale("log" if log else "linear")
                 ax.set_title(f"{metric} per {layout[4]}" + (" (log scale)" if log else ""), fontsize=10)
-                if (len(data) > 1 or data[0][0] == "mean") and len(data) <= MAX_LEGEND:
+                if (len(data) > 1 or data[0][0].startswith("mean")) and len(data) <= MAX_LEGEND:
                     ax.legend(loc="upper right", fontsize=8, frameon=False)
             else:
                 ax.set_title(layout[5], fontsize=9)

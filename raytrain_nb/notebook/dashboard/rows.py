@@ -14,7 +14,7 @@ import ipywidgets as w
 from ..view_helpers import row_cell, state_badge
 from ..._internal.group.vitals import resources_text, step_text
 from .model import GONE, STATE_COLOURS, RankView, format_metrics
-from .sync import assign
+from .sync import assign, count
 
 #: (column, width) of each cell of a row.
 COLUMNS = (("rank", "44px"), ("node", "110px"), ("pid", "64px"), ("device", "58px"), ("state", "104px"),
@@ -23,6 +23,8 @@ BAR_STYLES = {"running": "info", "idle": "success", "failed": "warning", "dead":
               "unresponsive": "danger"}
 TEXT_INTERVAL_S = 0.5
 DEAD_BACKGROUND = "#fdecea"
+#: Messages a new row costs the front end (a model opened for each widget, its layout and its style).
+ROW_MESSAGES = 3 * len(COLUMNS) + 2
 #: A long cause or metrics line stays one line (cut with an ellipsis); the tooltip has all of it.
 ONE_LINE = "display:block;white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
 
@@ -109,6 +111,7 @@ class RowWidgets:
             if self._state:
                 self.box.remove_class(f"rtnb-state-{self._state}")
             self.box.add_class(f"rtnb-state-{state}")
+        count(1)
         self._state = state
         assign(self.state, value=state_badge(state, STATE_COLOURS))
         gone = state in GONE
@@ -131,7 +134,8 @@ class RowTable:
 
     def __init__(self) -> None:
         self.rows: Dict[int, RowWidgets] = {}
-        self.box = w.VBox([header_row()])
+        self.header = header_row()
+        self.box = w.VBox([self.header])
         self.box.add_class("rtnb-rows")
 
     def show(self, views: Dict[int, RankView], reported: Optional[Iterable[int]], now: float) -> List[int]:
@@ -145,7 +149,10 @@ class RowTable:
             for rank in set(self.rows) - set(order):
                 del self.rows[rank]
             for rank in order:
-                self.rows.setdefault(rank, RowWidgets(rank))
-            self.box.children = [header_row()] + [self.rows[r].box for r in order]
+                if rank not in self.rows:
+                    self.rows[rank] = RowWidgets(rank)
+                    count(ROW_MESSAGES)
+            self.box.children = [self.header] + [self.rows[r].box for r in order]
+            count(1)
         shown = order if reported is None else [r for r in reported if r in views]
         return [r for r in shown if self.rows[r].update(views[r], now, full=reported is None)]

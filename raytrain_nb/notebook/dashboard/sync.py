@@ -11,7 +11,8 @@ The group's observers run on the cell's path (inside ``group.run``), so they onl
 * reports or new checkpoints never wait more than ``latest_s``, even while short cells keep starting.
 
 Every widget message costs the kernel (and the browser) time: :func:`assign` sets only the traits
-whose value differs, and several at once as one message.
+whose value differs, and several at once as one message, and counts it (:func:`sent`): a dashboard spends
+what each flush sent from a budget of messages a second, so a group of any size sends at most that many.
 """
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ def assign(widget: Any, **traits: Any) -> int:
         How many traits changed (0: nothing was sent).
     """
     changed = [(name, value) for name, value in traits.items() if getattr(widget, name) != value]
+    if changed:
+        count(1)
     if len(changed) == 1:
         setattr(widget, *changed[0])
     elif changed:
@@ -40,6 +43,20 @@ def assign(widget: Any, **traits: Any) -> int:
             for name, value in changed:
                 setattr(widget, name, value)
     return len(changed)
+
+
+_SENT = threading.local()
+
+
+def count(messages: int) -> None:
+    """Count ``messages`` sent to the front end on this thread (:func:`assign` counts its own)."""
+    _SENT.n = getattr(_SENT, "n", 0) + messages
+
+
+def sent() -> int:
+    """Widget messages counted on this thread so far: a dashboard's flush spends the difference from its
+    message budget (:class:`~raytrain_nb.notebook.ratecap.MessageBudget`)."""
+    return getattr(_SENT, "n", 0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,12 @@ so they survive being interleaved with the workers' own output::
 
 A rank reporting faster than ``min_interval_s`` gets a line for its latest report at most that
 often (and always for the last report of a cell).
+
+Beyond 16 ranks a line per rank is a flood: the reports then print one summary line (:mod:`.summary`) at most
+every ``summary_interval_s`` and at the end of a cell; dead and slow ranks still get their own lines, and
+:meth:`TextReporter.expand` follows a range of ranks line by line::
+
+    raytrain_nb 64 workers: 63 running, 1 dead · steps 40-52/100 · slowest 12 (3.1/s), ... · look at 7
 """
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ from typing import Any, Dict, Optional, Set, TextIO
 
 from ..._internal.group.vitals import SLOW_FACTOR, resources_text, step_text
 from .model import GONE, DashboardModel, format_metrics
+from .summary import is_large, parse_ranks, summarize
 
 _REPORTERS: "weakref.WeakKeyDictionary[Any, TextReporter]" = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
@@ -46,10 +53,15 @@ class TextReporter:
         min_interval_s: at most one line per rank this often.
     """
 
-    def __init__(self, group: Any, stream: Optional[TextIO] = None, min_interval_s: float = 0.5) -> None:
+    def __init__(self, group: Any, stream: Optional[TextIO] = None, min_interval_s: float = 0.5,
+                 summary_interval_s: float = 2.0) -> None:
         self.group = group
         self.stream = stream
         self.min_interval_s = min_interval_s
+        self.summary_interval_s = summary_interval_s
+        self.expanded: Set[int] = set()  # ranks of a large group followed line by line
+        self._summary_at = float("-inf")
+        self._summary_held = False
         self.model = DashboardModel()
         self._lock = threading.Lock()
         self._printed: Dict[int, float] = {}
@@ -85,10 +97,34 @@ class TextReporter:
             parts.append(f"SLOW ({step_text(view.step_time, False)}, above {SLOW_FACTOR:g}x its peers' median)")
         return "  ".join(parts)
 
+    def expand(self, ranks: str) -> Set[int]:
+        """In a large group, follow ``ranks`` (``"8-15"``; ``""``: none) line by line; prints their lines now.
+
+        Raises:
+            ValueError: ``ranks`` is not a range of the group's ranks.
+        """
+        with self._lock:
+            self.expanded = set(parse_ranks(ranks, len(self.model.rows)))
+            for rank in sorted(self.expanded):
+                self._write(self._line(rank))
+            return set(self.expanded)
+
+    def _summary(self, now: float) -> None:
+        self._summary_at, self._summary_held = now, False
+        with self.model.lock:
+            summary = summarize(self.model.rows)
+        self._write(f"raytrain_nb {summary.text()}")
+
     def _on_metrics(self, records: Any) -> None:
         changed = self.model.add_records(records)
         now = time.monotonic()
         with self._lock:
+            if is_large(len(self.model.rows)):  # one summary line, and lines only for the ranks followed
+                if now - self._summary_at >= self.summary_interval_s:
+                    self._summary(now)
+                else:
+                    self._summary_held = True
+                changed = [r for r in changed if r in self.expanded]
             for rank in changed:
                 last = self._printed.get(rank)
                 if last is None or now - last >= self.min_interval_s:
@@ -108,6 +144,8 @@ class TextReporter:
                         self._held[rank] = False
                         self._write(self._line(rank))
             self.model.set_workers(self.group.status(ping=False))
+            if new.value in ("idle", "failed") and self._summary_held:  # a large group's last summary of the cell
+                self._summary(time.monotonic())
             for rank, view in sorted(self.model.rows.items()):
                 before = self._states.get(rank)
                 self._states[rank] = view.state

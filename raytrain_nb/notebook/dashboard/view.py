@@ -20,17 +20,21 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import ipywidgets as w
 
+from ..ratecap import MessageBudget
 from ..routing import current_parent
 from ..view_helpers import state_badge
 from .actions import ICONS, LABELS, STYLES, act, show_entries
+from .cellhook import after_every_cell
 from .clicks import click_guard
+from .large import SummaryPanel
 from .model import BUTTONS, GONE, STATE_COLOURS, DashboardModel, Situation, button_states, n_workers
 from .rows import RowTable, RowWidgets
-from .sync import FLUSH_INTERVAL_S, Pending, assign
+from .sync import FLUSH_INTERVAL_S, Pending, assign, count, sent
 from .where import WherePanel
 
 logger = logging.getLogger(__name__)
 
+MAX_MESSAGES_PER_S = 50  #: widget messages a second at most, whatever the group's size and report rate
 _DASHBOARDS: "weakref.WeakKeyDictionary[Any, Dashboard]" = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
@@ -60,6 +64,7 @@ class Dashboard:
         flush_interval_s: the widgets are updated at most this often (:mod:`.sync`).
         clock: monotonic seconds (tests pass their own); timer: whether a thread updates the widgets
             (without it, :meth:`tick` does).
+        max_messages_per_s: widget messages a second at most (the next update waits for what one sent).
 
     Attributes:
         buttons: ``{"checkpoint"|"rollback"|"restart"|"rescale"|"interrupt"|"shutdown": Button}``.
@@ -70,8 +75,9 @@ class Dashboard:
 
     def __init__(self, group: Any, *, plot_interval_s: float = 1.0, max_points: int = 4000,
                  flush_interval_s: float = FLUSH_INTERVAL_S, clock: Callable[[], float] = time.monotonic,
-                 timer: bool = True) -> None:
+                 timer: bool = True, max_messages_per_s: float = MAX_MESSAGES_PER_S) -> None:
         self.group = group
+        self.budget = MessageBudget(max_messages_per_s, clock=clock)
         self.model = DashboardModel(max_points=max_points)
         self.plot_interval_s = plot_interval_s
         self.closed = False
@@ -94,7 +100,9 @@ class Dashboard:
         group.subscribe(self._on_state)
         group.subscribe_metrics(self._on_metrics)
         self.flush()
-        self._hook_cells()
+        self.budget = MessageBudget(max_messages_per_s, clock=clock)  # what is shown first is not an update
+        # after every cell the checkpoint list is read again (%dist_checkpoint may have added one)
+        self._unhook = after_every_cell(lambda *_: self._pending.mark(checkpoints=True))
         self._thread: Optional[threading.Thread] = None
         if timer:
             self._thread = threading.Thread(target=self._loop, name="rtnb-dashboard", daemon=True)
@@ -104,6 +112,7 @@ class Dashboard:
 
     def _build(self) -> None:
         self.title = w.HTML()
+        self.large = SummaryPanel(self.flush)  # beyond 16 ranks a summary and the rows it lists (.expand("8-15"))
         self.table = RowTable()
         self.rows: Dict[int, RowWidgets] = self.table.rows
         self.rows_box = self.table.box
@@ -136,7 +145,7 @@ class Dashboard:
                           b["shutdown"]], layout=w.Layout(flex_flow="row wrap"))
         ckpts = w.HBox([self.checkpoint_list, b["rollback"]], layout=w.Layout(align_items="flex-start"))
         self.widget = w.VBox([
-            self.title, self.rows_box, w.HBox([self.image, controls]),
+            self.title, self.large.box, self.rows_box, w.HBox([self.image, controls]),
             w.HTML("<b>Checkpoints</b>"), ckpts, actions, self.status, self.where.box,
         ], layout=w.Layout(border="1px solid #ddd", padding="6px", width="100%"))
         self.widget.add_class("rtnb-dashboard")
@@ -146,17 +155,6 @@ class Dashboard:
 
     def __repr__(self) -> str:
         return f"Dashboard({self.group!r})"
-
-    def _hook_cells(self) -> None:
-        """After every cell, re-read the checkpoint list (``%dist_checkpoint`` may have added one)."""
-        try:
-            from IPython import get_ipython  # IPython: only inside a kernel
-        except ImportError:  # pragma: no cover
-            return
-        shell = get_ipython()
-        if shell is not None:
-            self._post_cell = lambda *_: self._pending.mark(checkpoints=True)
-            shell.events.register("post_run_cell", self._post_cell)
 
     # -- observers (any thread, on the cell's path: they record, the timer shows) ----------------
 
@@ -198,29 +196,39 @@ class Dashboard:
         Returns:
             Whether the widgets were flushed.
         """
-        due = self._pending.due()
+        due = self._pending.due()  # then the last update's messages paid for (the budget) first:
+        due = due if due is None else max(due, self.budget.ready_at())
         flushed = due is not None and due <= self._clock() and self._flush(everything=False)
         plot_due = self._plot_due()
-        if plot_due is not None and plot_due <= self._clock():
+        if plot_due is not None and max(plot_due, self.budget.ready_at()) <= self._clock():
+            before = sent()
             self._render()
+            self.budget.spend(sent() - before)
         return flushed
 
     def _flush(self, everything: bool, checkpoints: bool = True) -> bool:
         with self._lock:
-            seq, changes = self._pending.peek()
-            entries = self._read_checkpoints() if checkpoints and (everything or changes.checkpoints) else None
-            statuses = self.group.status(ping=False) if everything or changes.workers else None
-            if not self._pending.clear(seq) and not everything and self._pending.holding():
-                return False  # a cell started while this read: it shows once it ran 100 ms
-            if entries is not None:
-                self._show_checkpoints(entries)
-            held = self._show_rows(statuses, changes.ranks)
-            self._update_title()
-            self._update_buttons()
-            if held:  # text cells held back by their throttle catch up at a later flush
-                self._pending.mark(ranks=held)
-            self.flushes += 1
-            return True
+            before = sent()
+            try:
+                return self._flush_now(everything, checkpoints)
+            finally:
+                self.budget.spend(sent() - before)
+
+    def _flush_now(self, everything: bool, checkpoints: bool) -> bool:  # one flush, under self._lock
+        seq, changes = self._pending.peek()
+        entries = self._read_checkpoints() if checkpoints and (everything or changes.checkpoints) else None
+        statuses = self.group.status(ping=False) if everything or changes.workers else None
+        if not self._pending.clear(seq) and not everything and self._pending.holding():
+            return False  # a cell started while this read: it shows once it ran 100 ms
+        if entries is not None:
+            self._show_checkpoints(entries)
+        held = self._show_rows(statuses, changes.ranks)
+        self._update_title()
+        self._update_buttons()
+        if held:  # text cells held back by their throttle catch up at a later flush
+            self._pending.mark(ranks=held)
+        self.flushes += 1
+        return True
 
     def _show_rows(self, statuses: Optional[Sequence[Any]], ranks: Any) -> List[int]:
         """Rows from the group's own account of its workers (no pinging) and the model; ranks held back."""
@@ -228,6 +236,7 @@ class Dashboard:
             self.model.set_workers(statuses)
         with self.model.lock:
             views = {r: copy.copy(v) for r, v in self.model.rows.items()}
+        views = self.large.pick(views)  # a large group: its summary, and rows only for the ranks it lists
         return self.table.show(views, None if statuses is not None else ranks, self._clock())
 
     # -- the header and buttons ----------------------------------------------------------------
@@ -361,6 +370,7 @@ class Dashboard:
         self._rendered_at = self._clock()  # first: a render that fails is not retried at once
         keys = list(self.model.metric_keys)
         if list(self.metric.options) != keys:
+            count(1)
             with self.metric.hold_sync():
                 current = self.metric.value
                 self.metric.options = keys
@@ -381,13 +391,6 @@ class Dashboard:
         self._stopped.set()
         self._pending.wake.set()
         self._flush(everything=True, checkpoints=False)  # the last look: rows, title, every button off
-        shell_hook = getattr(self, "_post_cell", None)
-        if shell_hook is not None:
-            from IPython import get_ipython  # IPython: only inside a kernel
-
-            shell = get_ipython()
-            if shell is not None:
-                try:
-                    shell.events.unregister("post_run_cell", shell_hook)
-                except ValueError:
-                    pass
+        unhook = getattr(self, "_unhook", None)
+        if unhook is not None:
+            unhook()
