@@ -76,7 +76,7 @@ _LAZY = {
     "ValidationFn": ("._internal.worker.report_api", "ValidationFn"),
     "ValidationTaskConfig": ("._internal.worker.report_api", "ValidationTaskConfig"),
     "PreemptionInfo": ("._internal.worker.report_api", "PreemptionInfo"),
-    "get_all_reported_checkpoints": ("._internal.worker.report_api", "get_all_reported_checkpoints"),
+    "get_all_reported_checkpoints": ("._internal.worker.session", "get_all_reported_checkpoints"),
     "get_preemption_info": ("._internal.worker.report_api", "get_preemption_info"),
     "UserCallback": ("._internal.train.callbacks", "UserCallback"),
     "TrainRunContext": ("._internal.train.callbacks", "TrainRunContext"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 #: Error-message fragments of a collective that failed because a peer went away.
@@ -122,6 +123,21 @@ class StorageError(RaytrainNbError):
 
 class CheckpointError(StorageError):
     """A checkpoint or the run's checkpoint index is missing, unknown or damaged."""
+
+
+class CheckpointUploadError(CheckpointError):
+    """A ``report(checkpoint_upload_mode=ASYNC)`` upload failed in the background; raised into the training thread.
+
+    Raised there as a class (Python's asynchronous exceptions take no arguments): built without one, it takes the
+    message left for the thread it is raised in.
+    """
+
+    messages: Dict[int, str] = {}
+
+    def __init__(self, *args: Any) -> None:
+        if not args:
+            args = (self.messages.pop(threading.get_ident(), "a background checkpoint upload failed"),)
+        super().__init__(*args)
 
 
 class RunInUseError(CheckpointError):

@@ -8,6 +8,7 @@ from fsspec import AbstractFileSystem
 
 from ..errors import CheckpointError
 from .checkpoint import Checkpoint
+from .reported import report_index
 from .storage import is_dir_name, join, resolve
 
 INDEX_FILE = "checkpoints.json"
@@ -35,6 +36,9 @@ class CheckpointEntry:
         step: ``metrics["step"]`` (or ``training_iteration``) when present.
         time: when it was registered (seconds since the epoch).
         size_bytes: the size of its files.
+        report: the report index of a reported checkpoint (its order; None: read from its name, as before).
+        validation: a reported checkpoint's validation: ``{"status": "pending"|"validated"|"timeout"|"failed",
+            "error": text}``; None when none was asked.
     """
 
     name: str
@@ -44,6 +48,8 @@ class CheckpointEntry:
     step: Optional[int]
     time: float
     size_bytes: int
+    report: Optional[int] = None
+    validation: Optional[Dict[str, Any]] = None
     filesystem: Optional[AbstractFileSystem] = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
@@ -63,6 +69,11 @@ def entry_problem(raw: Any) -> Optional[str]:
     for field, ok in _FIELDS.items():
         if field not in raw or not ok(raw[field]):
             return f"has {field}={raw.get(field)!r}, which is not valid"
+    report = raw.get("report")
+    if report is not None and (isinstance(report, bool) or not isinstance(report, int) or report < 0):
+        return f"has report={report!r}, which is not valid"
+    if raw.get("validation") is not None and not isinstance(raw["validation"], dict):
+        return f"has validation={raw['validation']!r}, which is not valid"
     if not is_dir_name(raw["path"]):
         return (f"has path={raw['path']!r}, which is not a directory directly inside the run (absolute, "
                 "'..', another storage or nested)")
@@ -118,3 +129,11 @@ def list_runs(storage_url: Any, filesystem: Optional[Any] = None) -> List[str]:
         return []
     dirs = [e["name"].rstrip("/") for e in entries if e.get("type") == "directory"]
     return sorted(d.rsplit("/", 1)[-1] for d in dirs if fs.exists(join(d, INDEX_FILE)))
+
+
+def entry_report(entry: CheckpointEntry) -> int:
+    """A reported checkpoint's report index: its own, else read from a ``checkpoint_NNNNNN`` name (-1: none)."""
+    if entry.report is not None:
+        return entry.report
+    index = report_index(entry.name)
+    return -1 if index is None else index

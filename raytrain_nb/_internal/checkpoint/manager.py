@@ -1,23 +1,17 @@
 """The checkpoints of one run: an index in the run directory, ranked and pruned as in Ray Train.
 
 Two kinds of checkpoints live in a run directory:
-
 - ``"snapshot"``: made interactively (``%dist_checkpoint``); never pruned, deleted only by
   :meth:`CheckpointManager.delete`;
-- ``"reported"``: from ``report(metrics, checkpoint=...)``; ranked by ``score_attribute`` and
-  pruned beyond ``num_to_keep`` (the latest is never deleted; entries without the score rank
-  lowest).
+- ``"reported"``: from ``report(metrics, checkpoint=...)``; ranked by ``score_attribute`` and pruned beyond
+  ``num_to_keep`` (the latest is never deleted; entries without the score rank lowest).
 
 The index ``checkpoints.json`` is rewritten atomically after every change, so a new kernel can
 list a run's checkpoints with :meth:`CheckpointManager.load` without starting a group. Every
 reported metric also goes to ``metrics.jsonl``, one JSON line each (:func:`append_metrics`).
 
-Example::
-
-    mgr = CheckpointManager("s3://bucket/runs/r1", num_to_keep=2, score_attribute="acc")
-    staged = mgr.begin("reported")                    # workers write into staged.url
-    mgr.commit(staged, "reported", {"acc": 0.9})      # or mgr.persist(local_dir, "reported", m)
-    mgr.best(1)[0].checkpoint.to_directory()
+Example: ``mgr = CheckpointManager("s3://b/runs/r1", num_to_keep=2, score_attribute="acc")``; ``staged =
+mgr.begin("reported")`` (workers write into ``staged.url``); ``mgr.commit(staged, "reported", {"acc": 0.9})``.
 """
 from __future__ import annotations
 
@@ -33,8 +27,7 @@ from fsspec import AbstractFileSystem
 from ..errors import CheckpointError, describe
 from .checkpoint import Checkpoint
 from .index import (FORMAT, INDEX_FILE, STEP_KEYS, CheckpointEntry, check_config, check_kind, entry_label,
-                    entry_problem, list_runs, score_of)
-from .reported import report_index
+                    entry_problem, entry_report, list_runs, score_of)
 from .staging import COMMIT_MARKER, StagedDir, begin_dir, commit_dir, delete_dir, discard_dir, read_manifest
 from .storage import is_dir_name, is_local, join, read_json, resolve, to_json, to_url, write_bytes_atomic
 
@@ -137,7 +130,7 @@ class CheckpointManager:
             return None
         return CheckpointEntry(name=raw["name"], kind=raw["kind"], path=url, metrics=raw["metrics"],
                                step=raw["step"], time=float(raw["time"]), size_bytes=raw["size_bytes"],
-                               filesystem=self._fs)
+                               report=raw.get("report"), validation=raw.get("validation"), filesystem=self._fs)
 
     def _locate(self, path: Any) -> Tuple[AbstractFileSystem, str, str]:
         """``(fs, path, url)`` of a checkpoint: on the run's filesystem unless the URL names another."""
@@ -165,8 +158,10 @@ class CheckpointManager:
         data = {"format": FORMAT, "next_id": self._next_id,
                 "config": {"num_to_keep": self.num_to_keep, "score_attribute": self.score_attribute,
                            "score_order": self.score_order},
-                "checkpoints": [{"name": e.name, "kind": e.kind, "path": stored_path(e), "metrics": e.metrics,
-                                 "step": e.step, "time": e.time, "size_bytes": e.size_bytes}
+                "checkpoints": [dict({"name": e.name, "kind": e.kind, "path": stored_path(e), "metrics": e.metrics,
+                                      "step": e.step, "time": e.time, "size_bytes": e.size_bytes},
+                                     **({"report": e.report} if e.report is not None else {}),
+                                     **({"validation": e.validation} if e.validation is not None else {}))
                                 for e in self._entries]}
         text = to_json(data, "checkpoint index", error=CheckpointError, indent=1)
         try:
@@ -235,8 +230,8 @@ class CheckpointManager:
             raise CheckpointError(f"a checkpoint named {name!r} exists in {self.run_dir}: pick another "
                                   "name or delete it first")
 
-    def register(self, name: str, kind: str, path: Any, metrics: Optional[Dict[str, Any]] = None
-                 ) -> CheckpointEntry:
+    def register(self, name: str, kind: str, path: Any, metrics: Optional[Dict[str, Any]] = None,
+                 report: Optional[int] = None, validation: Optional[Dict[str, Any]] = None) -> CheckpointEntry:
         """Add a committed checkpoint to the index, then prune reported ones beyond ``num_to_keep``.
 
         Raises:
@@ -259,7 +254,8 @@ class CheckpointManager:
             step = next((metrics[k] for k in STEP_KEYS if isinstance(metrics.get(k), int)
                          and not isinstance(metrics.get(k), bool)), None)
             entry = CheckpointEntry(name=name, kind=kind, path=url, metrics=metrics, step=step, time=time.time(),
-                                    size_bytes=int(manifest.get("size_bytes") or 0), filesystem=fs)
+                                    size_bytes=int(manifest.get("size_bytes") or 0), report=report,
+                                    validation=validation, filesystem=fs)
             before = list(self._entries)
             self._entries.append(entry)
             doomed = self._to_prune(entry)
@@ -323,6 +319,28 @@ class CheckpointManager:
                 raise
             self._remove_dir(entry)
 
+    def update(self, name: str, metrics: Dict[str, Any], validation: Dict[str, Any]) -> Optional[CheckpointEntry]:
+        """Merge a validation's ``metrics`` into a checkpoint's, then rank and prune again (None: pruned meanwhile)."""
+        with self._lock:
+            entry = next((e for e in self._entries if e.name == name), None)
+            if entry is None:
+                return None
+            merged = dict(entry.metrics, **metrics)
+            to_json(merged, "metrics", error=CheckpointError)
+            before, old = list(self._entries), (entry.metrics, entry.validation)
+            entry.metrics, entry.validation = merged, dict(validation)
+            newest = self.latest("reported")
+            doomed = self._to_prune(newest) if newest is not None else []
+            self._entries = [e for e in self._entries if e not in doomed]
+            try:
+                self._write_index()
+            except BaseException:
+                self._entries, (entry.metrics, entry.validation) = before, old
+                raise
+            for e in doomed:
+                self._remove_dir(e)
+            return entry
+
     # ------------------------------------------------------------ reading
 
     def list(self, kind: Optional[str] = None) -> List[CheckpointEntry]:
@@ -341,7 +359,7 @@ class CheckpointManager:
         if not entries:
             return None
         if kind == "reported":
-            return max(enumerate(entries), key=lambda ie: (report_index(ie[1].name) or -1, ie[0]))[1]
+            return max(enumerate(entries), key=lambda ie: (entry_report(ie[1]), ie[0]))[1]
         return entries[-1]
 
     def best(self, n: int = 1) -> List[CheckpointEntry]:
@@ -366,6 +384,10 @@ class CheckpointManager:
             if e.name == name_or_index:
                 return e
         raise CheckpointError(f"no checkpoint named {name_or_index!r} in {self.run_dir}: {have}")
+
+    def by_report(self, index: int) -> Optional[CheckpointEntry]:
+        """The reported checkpoint of report index ``index`` (whatever its directory's name), or None."""
+        return next((e for e in self.list("reported") if entry_report(e) == index), None)
 
     def __len__(self) -> int:
         return len(self._entries)

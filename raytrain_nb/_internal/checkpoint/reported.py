@@ -44,12 +44,28 @@ def report_index(name: str) -> Optional[int]:
     return int(match.group(1)) if match else None
 
 
-def report_staging(run_url: str, name: str) -> StagedDir:
-    """The staged directory every rank writes report ``name`` into (the same on all ranks)."""
+def report_staging(run_url: str, name: str, dir_name: Optional[str] = None, in_place: bool = False) -> StagedDir:
+    """The staged directory every rank writes report ``name`` into (the same on all ranks).
+
+    Its markers are named by ``name`` (``checkpoint_NNNNNN``, the report index); it is committed as
+    ``<run>/<dir_name>`` (``report(checkpoint_dir_name=...)``; default ``name``). ``in_place``: the files are
+    already there (``NO_UPLOAD``, an upload function): nothing is staged, the commit only marks it.
+    """
     fs, run = resolve(run_url)
-    final = join(run, name)
-    path = join(run, STAGING_DIR, name) if is_local(fs) else final
+    final = join(run, dir_name or name)
+    path = final if in_place or not is_local(fs) else join(run, STAGING_DIR, name)
     return StagedDir(fs=fs, path=path, final_path=final, name=name)
+
+
+def staging_of(run_url: str, name: str) -> StagedDir:
+    """The staged directory of report ``name`` as its ranks' markers describe it (directory name, in place)."""
+    fs, run = resolve(run_url)
+    staged = report_staging(run_url, name)
+    for rank in upload_state(staged):
+        info = _read_json(fs, marker(staged, rank, "started")) or {}
+        if isinstance(info.get("dir"), str) and info["dir"]:
+            return report_staging(run_url, name, info["dir"], bool(info.get("in_place")))
+    return staged
 
 
 def marker(staged: StagedDir, rank: int, state: str) -> str:
@@ -57,17 +73,20 @@ def marker(staged: StagedDir, rank: int, state: str) -> str:
     return join(base, STAGING_DIR, MARKERS, f"{staged.name}.rank-{rank}.{state}")
 
 
-def upload(staged: StagedDir, rank: int, local_dir: str, metrics: Optional[Dict[str, Any]] = None,
+def upload(staged: StagedDir, rank: int, local_dir: Optional[str], metrics: Optional[Dict[str, Any]] = None,
            world_size: int = 0) -> None:
-    """Copy this rank's checkpoint files into the staged directory, marking start and end."""
+    """Copy this rank's checkpoint files into the staged directory, marking start and end (``local_dir`` None:
+    the files are in place already, only marked)."""
     fs = staged.fs
     fs.makedirs(staged.path, exist_ok=True)
     start = marker(staged, rank, "started")
     fs.makedirs(start.rsplit("/", 1)[0], exist_ok=True)
-    fs.pipe_file(start, b"")
+    in_place = staged.path == staged.final_path and is_local(fs)
+    fs.pipe_file(start, json.dumps({"dir": staged.final_path.rsplit("/", 1)[-1], "in_place": in_place}).encode())
     if not fs.exists(join(staged.path, WRITING_MARKER)):  # what commit_dir expects of a staged dir
         fs.pipe_file(join(staged.path, WRITING_MARKER), b"{}")
-    staged.put_dir(local_dir)
+    if local_dir is not None:
+        staged.put_dir(local_dir)
     done = {"metrics": metrics or {}, "world_size": int(world_size)}
     fs.pipe_file(marker(staged, rank, "done"), json.dumps(done, default=str).encode())
 
@@ -124,7 +143,10 @@ def discard(staged: StagedDir) -> None:
     path = staged.path
     if path == staged.final_path and fs.exists(join(path, COMMIT_MARKER)):
         raise ValueError(f"{to_url(fs, path)} is committed: not discarding it")  # never reached by recover()
-    if fs.exists(path):
+    if path == staged.final_path and is_local(fs):  # in place (NO_UPLOAD): the user's files stay, never listed
+        if fs.exists(join(path, WRITING_MARKER)):
+            fs.rm_file(join(path, WRITING_MARKER))
+    elif fs.exists(path):
         fs.rm(path, recursive=True)
     clear_markers(staged)
 

@@ -9,6 +9,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from ..errors import CheckpointError
 from . import reported
 from .lease import RunLease
+from .index import entry_report
 from .manager import CheckpointEntry, CheckpointManager
 from .metrics_log import REPORT_KEY, append_metrics, last_report_index
 from .staging import StagedDir, clean_leftovers, commit_dir
@@ -47,6 +48,9 @@ class RunStorage:
         self._lock = threading.Lock()
         self.background_error: Optional[str] = None
         self.background: Optional[threading.Thread] = None  # an --async snapshot being written
+        #: ``on_commit(entry, validation)`` after a reported checkpoint is committed (validation: what rank 0's
+        #: report(validation=...) asked, or None); set by the validations' owner
+        self.on_commit: Optional[Callable[[CheckpointEntry, Any], None]] = None
         self.recover()  # what an earlier kernel or attempt left: committed if every rank reported it
         clean_leftovers(self.url)  # interrupted writes and deletes of earlier processes
 
@@ -57,7 +61,7 @@ class RunStorage:
     def _next_report_number(self, pending: Sequence[str]) -> int:
         """One past the highest report index the run has used: committed, still in storage (``pending``), or
         logged with rank 0's metrics (reports without a checkpoint count too)."""
-        used = [reported.report_index(e.name) for e in self.manager.list("reported")]
+        used: List[Optional[int]] = [entry_report(e) for e in self.manager.list("reported")]
         used += [reported.report_index(n) for n in pending]
         try:
             used.append(last_report_index(self.url))
@@ -102,29 +106,38 @@ class RunStorage:
                 pending = self._pending.setdefault(key, {"ranks": set(), "files": False, "metrics": {}})
                 pending["ranks"].add(rec["rank"])
                 pending["files"] |= bool(rec.get("checkpoint"))
-                if rec["rank"] == 0:
-                    pending["metrics"] = rec["metrics"]
+                if rec["rank"] == 0:  # rank 0's directory name is the set's (Ray Train synchronises it so)
+                    pending.update(metrics=rec["metrics"], dir=rec.get("dir"), in_place=rec.get("in_place", False),
+                                   validation=rec.get("validation"))
                 complete = pending["ranks"] >= set(range(world_size))
                 if complete:
                     del self._pending[key]
             if complete and pending["files"]:
-                staged = reported.report_staging(self.url, key)
+                staged = reported.report_staging(self.url, key, pending.get("dir"), pending.get("in_place", False))
                 try:
                     reported.mark_complete(staged, world_size, pending["metrics"])
                 except Exception as exc:  # noqa: BLE001 - the commit below still runs; recovery would discard it
                     logger.warning("cannot record that every rank reported %s: %s", key, exc)
-                self._commit(staged, pending["metrics"])
+                validation = pending.get("validation")
+                entry = self._commit(staged, pending["metrics"], {"status": "pending"} if validation else None)
+                if entry is not None and self.on_commit is not None:
+                    self.on_commit(entry, validation)
 
-    def _commit(self, staged: StagedDir, metrics: Optional[Dict[str, Any]] = None) -> Optional[CheckpointEntry]:
+    def _commit(self, staged: StagedDir, metrics: Optional[Dict[str, Any]] = None,
+                validation: Optional[Dict[str, Any]] = None) -> Optional[CheckpointEntry]:
         state = reported.upload_state(staged)
         if not state or any(s != "done" for s in state.values()):
             logger.warning("checkpoint %s not committed: uploads unfinished (%s)", staged.name, state)
             return None
+        name = staged.final_path.rsplit("/", 1)[-1]
         try:
+            if name != staged.name and any(e.name == name for e in self.manager.list()):
+                raise CheckpointError(f"checkpoint_dir_name={name!r} is used already in this run")
             commit_dir(staged)
-            entry = self.manager.register(staged.name, "reported", staged.final_url, metrics or {})
+            entry = self.manager.register(name, "reported", staged.final_url, metrics or {},
+                                          report=reported.report_index(staged.name), validation=validation)
         except CheckpointError as exc:
-            logger.warning("checkpoint %s not committed: %s", staged.name, exc)
+            logger.warning("checkpoint %s not committed: %s", name, exc)
             return None
         finally:
             reported.clear_markers(staged)
@@ -144,10 +157,10 @@ class RunStorage:
         with self._lock:
             self._pending.clear()  # reports of the attempt that failed: their sets are settled below
         committed = []
-        done_names = {e.name for e in self.manager.list("reported")}
+        done = {entry_report(e) for e in self.manager.list("reported")}
         for name in names:
-            staged = reported.report_staging(self.url, name)
-            if name in done_names:  # committed, but its markers were left behind
+            staged = reported.staging_of(self.url, name)
+            if reported.report_index(name) in done:  # committed, but its markers were left behind
                 reported.clear_markers(staged)
                 continue
             verdict, metrics = _settle(self.url, staged)

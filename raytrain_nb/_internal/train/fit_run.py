@@ -154,10 +154,8 @@ class FitRun:
         if any(r.get("checkpoint") for r in records):
             self._seen_checkpoint = True
 
-            try:
-                checkpoint = self.group.run_storage.manager.get(name).checkpoint
-            except CheckpointError:  # pruned at once (num_to_keep), or not committed
-                checkpoint = None
+            entry = self.group.run_storage.manager.by_report(report_index(name))  # named by checkpoint_dir_name too
+            checkpoint = entry.checkpoint if entry is not None else None  # None: pruned at once, or not committed
         if self.callbacks is not None:
             self.callbacks.context.report_index = report_index(name)
             self.callbacks.after_report(metrics, checkpoint)

@@ -146,9 +146,12 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWor
                 continue
 
     def _call_user(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run user code; its background checkpoint uploads finish inside (a failed one is the code's error)."""
         self._enter_user()
         try:
-            return fn(*args)
+            value = fn(*args)
+            self.uploads.finish()
+            return value
         finally:
             while True:
                 try:
@@ -177,6 +180,7 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWor
         return buf
 
     def _end(self, result: CellOutcome) -> CellOutcome:
+        self.uploads.abandon()  # a cell that failed: its uploads still running end before its records are read
         self._take_requested()  # a snapshot asked for during the cell, which reported no step since
         try:
             self._capture.stop()

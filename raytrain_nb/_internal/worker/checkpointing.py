@@ -1,10 +1,10 @@
-"""Checkpoint methods of the worker actor (a mixin of :class:`~.worker.Worker`)."""
+"""Checkpoint methods of the worker actor (a mixin of :class:`~.worker.Worker`): snapshots and reported checkpoints."""
 from __future__ import annotations
 
 import concurrent.futures
 import logging
 import threading
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 
 from ..checkpoint import reported
 from ..checkpoint.manager import CheckpointManager
@@ -12,9 +12,12 @@ from ..checkpoint.staging import StagedDir
 from ..checkpoint.storage_check import read_marker
 from ..errors import CheckpointError
 from . import snapshot_io
+from . import upload_plan as uploads_plan
 from .copy_pool import CopyPool
 from .snapshot import check_capturable, tensors_of
+from .report_api import ReportOptions
 from .session import get_context
+from .uploads import UploadQueue
 
 logger = logging.getLogger(__name__)
 
@@ -32,10 +35,13 @@ class CheckpointingWorker:
         self._report_base = 0
         self._partial = False  # the running cell runs on some ranks only: no reported checkpoints
         self._ledger: Optional[reported.ReportLedger] = None  # this rank's record of its reports
+        self._dir_names: Set[str] = set()  # checkpoint_dir_name values this rank used in the run
         self._snap_lock = threading.Lock()
         self._snap_future: Optional["concurrent.futures.Future[Dict[str, Any]]"] = None
         self._snap_request: Optional[tuple] = None
         self._copy_pool = CopyPool()  # the last background snapshot's buffers, for the next one's copy
+        self._validation = False  # the trainer or group has a validation function
+        self.uploads = UploadQueue()  # report(checkpoint_upload_mode=ASYNC)'s background uploads
 
     def _attach_session(self) -> None:
         """Point the session's report/get_checkpoint at this worker's storage."""
@@ -44,22 +50,38 @@ class CheckpointingWorker:
             self.session.report_name = self.report_name
             self.session.latest = self._latest
             self.session.on_report = self._on_report
+            self.session.prepare_upload = self._prepare_upload
+            self.session.uploads = self.uploads
+            self.session.reported = self._reported
+            self.session.has_validation = self._validation
         if self._run_url is not None and self.rank >= 0 and (self._ledger is None or self._ledger.rank != self.rank):
             if self._ledger is not None:
                 self._ledger.close()
             self._ledger = reported.ReportLedger(self._run_url, self.rank)  # per rank: rescale may change it
 
-    def set_storage(self, run_url: Optional[str]) -> None:
-        self._run_url = run_url
+    def set_storage(self, run_url: Optional[str], validation: bool = False) -> None:
+        """The run directory reported checkpoints go to; ``validation``: the group validates them (a function)."""
+        if run_url != self._run_url:
+            self._dir_names = set()
+        self._run_url, self._validation = run_url, validation
         self._attach_session()
 
     def _upload(self, index: int, checkpoint: Any, metrics: Dict[str, Any]) -> None:
+        self._prepare_upload(index, checkpoint, metrics, None)()
+
+    def _prepare_upload(self, index: int, checkpoint: Any, metrics: Dict[str, Any],
+                        options: Optional[ReportOptions]) -> Callable[[], Dict[str, Any]]:
+        """Check a report's checkpoint options now; return the upload (``job() -> the record's fields``)."""
         if self._partial:
             raise RuntimeError("report(checkpoint=...) needs every rank: this cell runs on some ranks only "
                                "(--ranks / ranks=); run it on the whole group")
-        staged = reported.report_staging(self._run_url, self.report_name(index))
-        with checkpoint.as_directory() as local:
-            reported.upload(staged, self.rank, local, metrics, world_size=get_context().get_world_size())
+        return uploads_plan.plan(self._run_url, self.report_name(index), self.rank, get_context().get_world_size(),
+                                 checkpoint, metrics, options, self._dir_names)
+
+    def _reported(self, mode: Any, timeout_s: Optional[float]) -> List[Any]:
+        """``get_all_reported_checkpoints``: wait for this rank's reports to settle (and their validations)."""
+        self.uploads.wait()  # no deadline: this rank's own uploads come first, as in report order
+        return uploads_plan.reported_checkpoints(self._run_url, self.rank, mode, timeout_s)
 
     def report_name(self, index: int) -> str:
         """The name the ``index``-th report of the running cell gives its checkpoint."""
@@ -125,14 +147,18 @@ class CheckpointingWorker:
         with self._snap_lock:
             self._snap_request = None
 
-    def _on_report(self, index: int) -> None:
+    def _on_report(self, index: int, ledger_only: bool = False, step_only: bool = False) -> None:
         """After the ``index``-th report of the running cell is queued, before ``report()`` returns.
 
         The ledger's append is the evidence that this rank reached that report index: it is written
         here, on the caller's thread, so a SIGKILL right after ``report()`` returned cannot lose it.
+        A report whose record waits for an upload (ASYNC) writes it only once uploaded (``ledger_only``, on the
+        uploads' thread): killed before, the rank never reported it, and its set is discarded.
         """
-        if self._ledger is not None:
+        if self._ledger is not None and not step_only:
             self._ledger.add(self._report_base + index)  # survives this process: evidence that it reported
+        if ledger_only:
+            return
         if self._snap_request is not None:  # unlocked look first: set under the lock, seen at this report or the next
             self._take_requested()
 

@@ -1,22 +1,22 @@
 """Ray Train V2's names around ``report()``: upload modes, reported checkpoints, validation, preemption notices.
 
-They exist as Ray Train shapes them, so a script importing them runs. What they control is checked here:
-``report()`` honours the synchronous upload (what it always does) and ``delete_local_checkpoint_after_upload``;
-asynchronous and skipped uploads, an upload function, a directory name, validation in tasks of their own,
-``get_all_reported_checkpoints()`` and preemption notices are refused with a :class:`NotSupportedError` naming
-what to do instead.
+They are shaped as in Ray Train, and ``report()``'s options are checked here (:func:`report_options`) before
+anything is uploaded; the uploads are ``checkpointing.py``'s, the background ones ``uploads.py``'s, the
+validations the driver's (``group/validations.py``). Preemption notices are refused with a
+:class:`NotSupportedError` naming what to do instead.
 """
 from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Dict, List, Optional, Protocol
+from typing import Any, Callable, Dict, List, Optional, Protocol
 
 from ..validate import not_supported
 
 
 class CheckpointUploadMode(enum.Enum):
-    """How ``report(checkpoint=...)`` uploads (Ray Train's): only ``SYNC`` here, uploaded before it returns."""
+    """How ``report(checkpoint=...)`` uploads (Ray Train's): ``SYNC`` before it returns, ``ASYNC`` in the background,
+    ``NO_UPLOAD`` not at all (the checkpoint is already in the run directory)."""
 
     ASYNC = "ASYNC"
     SYNC = "SYNC"
@@ -55,10 +55,19 @@ class ReportedCheckpoint:
 
 @dataclasses.dataclass
 class ValidationTaskConfig:
-    """Arguments of one validation of a reported checkpoint (Ray Train's); ``report(validation=...)`` refuses it."""
+    """Arguments of one validation of a reported checkpoint (Ray Train's): ``fn_kwargs`` override the config's,
+    ``timeout_s`` (None: none) is recorded as ``VALIDATION_TIMEOUT`` when it passes."""
 
     fn_kwargs: Optional[Dict[str, Any]] = None
     timeout_s: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        if self.fn_kwargs is None:
+            self.fn_kwargs = {}
+        if self.timeout_s is not None and (isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (
+                int, float)) or self.timeout_s <= 0):
+            raise ValueError(f"ValidationTaskConfig(timeout_s={self.timeout_s!r}) is not allowed: pass None (no "
+                             "timeout) or a number of seconds > 0")
 
 
 class ValidationFn(Protocol):
@@ -69,8 +78,10 @@ class ValidationFn(Protocol):
 
 
 class ValidationConfig:
-    """Validation of reported checkpoints in Ray tasks of their own (Ray Train's). It can be built; a trainer given
-    one (``validation_config=``) refuses it: validate in the training loop and report the metrics instead.
+    """Validation of reported checkpoints in Ray tasks of their own (Ray Train's): ``report(..., validation=True)``
+    runs ``fn(checkpoint, **fn_kwargs)`` apart from the workers, one at a time, in report order; the metrics it
+    returns are merged into that checkpoint's. Give it to a trainer (``validation_config=``) or a group
+    (``group.validation(fn)``).
 
     Args:
         fn: the validation function.
@@ -80,6 +91,8 @@ class ValidationConfig:
 
     def __init__(self, fn: ValidationFn, task_config: Optional[ValidationTaskConfig] = None,
                  ray_remote_kwargs: Optional[Dict[str, Any]] = None) -> None:
+        if not callable(fn):
+            raise ValueError(f"ValidationConfig(fn={fn!r}) is not callable: pass fn(checkpoint, **kwargs) -> dict")
         self.fn = fn
         self.task_config = task_config or ValidationTaskConfig()
         self.ray_remote_kwargs = ray_remote_kwargs or {}
@@ -106,17 +119,6 @@ class PreemptionInfo:
         return sorted({r for ranks in self.preempted_node_to_ranks.values() for r in ranks})
 
 
-def get_all_reported_checkpoints(consistency_mode: CheckpointConsistencyMode = CheckpointConsistencyMode.VALIDATED,
-                                 timeout_s: Optional[float] = None) -> List[ReportedCheckpoint]:
-    """Every checkpoint the run reported so far (Ray Train's): not supported yet.
-
-    Raises:
-        NotSupportedError: naming ``get_checkpoint()`` and ``result.best_checkpoints``.
-    """
-    raise not_supported("get_all_reported_checkpoints()", "get_checkpoint() returns the newest committed checkpoint; "
-                        "after fit(), result.best_checkpoints lists the kept ones with their metrics")
-
-
 def get_preemption_info() -> Optional[PreemptionInfo]:
     """The notice that a node of the run is being preempted (Ray Train's): not supported.
 
@@ -128,23 +130,60 @@ def get_preemption_info() -> Optional[PreemptionInfo]:
                         "checkpoints periodically")
 
 
-def check_report_options(checkpoint_dir_name: Optional[str], checkpoint_upload_mode: Any,
-                         checkpoint_upload_fn: Any, validation: Any) -> None:
-    """Refuse the ``report()`` options that cannot be honoured here.
+@dataclasses.dataclass(frozen=True)
+class ReportOptions:
+    """What one ``report()`` asked beyond its metrics and checkpoint, checked (:func:`report_options`)."""
+
+    dir_name: Optional[str] = None
+    mode: CheckpointUploadMode = CheckpointUploadMode.SYNC
+    delete_local: bool = False
+    upload_fn: Optional[Callable[[Any, str], Any]] = None
+    #: None, or what the validation task is told: ``{"fn_kwargs": {...}, "timeout_s": ...}`` (None: the config's)
+    validation: Optional[Dict[str, Any]] = None
+
+
+def report_options(checkpoint: Any, checkpoint_dir_name: Optional[str], checkpoint_upload_mode: Any,
+                   delete_local_checkpoint_after_upload: Optional[bool], checkpoint_upload_fn: Any,
+                   validation: Any, has_validation: bool) -> ReportOptions:
+    """Check ``report()``'s Ray Train options, at once, in one line each.
 
     Raises:
-        NotSupportedError: naming the option and what to do instead.
+        ValueError: an unknown upload mode, a bad directory name, a validation without a checkpoint or without
+            the trainer's (or group's) validation config, an upload function that is not callable.
     """
-    if checkpoint_dir_name is not None:
-        raise not_supported(f"report(checkpoint_dir_name={checkpoint_dir_name!r})", "reported checkpoints are "
-                            "named checkpoint_NNNNNN by their report index; drop the argument")
-    mode = getattr(checkpoint_upload_mode, "value", checkpoint_upload_mode)
-    if mode != CheckpointUploadMode.SYNC.value:
-        raise not_supported(f"report(checkpoint_upload_mode={checkpoint_upload_mode!r})", "checkpoints are uploaded "
-                            "before report() returns; pass CheckpointUploadMode.SYNC (the default)")
-    if checkpoint_upload_fn is not None:
-        raise not_supported("report(checkpoint_upload_fn=...)", "the checkpoint's files are uploaded into the run "
-                            "directory; drop the argument")
-    if validation is not False:
-        raise not_supported(f"report(validation={validation!r}) (validation in a task of its own)",
-                            "validate in the training loop and report its metrics with the checkpoint")
+    from ..checkpoint.storage import is_dir_name  # fsspec: loaded with checkpoints, not on import raytrain_nb
+
+    value = getattr(checkpoint_upload_mode, "value", None)  # Ray's own enum member is taken for ours
+    if isinstance(value, str) and value in CheckpointUploadMode.__members__:
+        checkpoint_upload_mode = CheckpointUploadMode[value]
+    if not isinstance(checkpoint_upload_mode, CheckpointUploadMode):
+        raise ValueError(f"report(checkpoint_upload_mode={checkpoint_upload_mode!r}) is not an upload mode: pass "
+                         "CheckpointUploadMode.SYNC, .ASYNC or .NO_UPLOAD")
+    if checkpoint_dir_name is not None and (not isinstance(checkpoint_dir_name, str) or not is_dir_name(
+            checkpoint_dir_name)):
+        raise ValueError(f"report(checkpoint_dir_name={checkpoint_dir_name!r}) is not a directory name: use letters, "
+                         "digits and _ . = + -, not starting with '.' (like 'epoch_3')")
+    if checkpoint_upload_fn is not None and not callable(checkpoint_upload_fn):
+        raise ValueError(f"report(checkpoint_upload_fn={checkpoint_upload_fn!r}) is not callable: pass a function "
+                         "fn(checkpoint, checkpoint_dir_name) -> Checkpoint")
+    spec: Optional[Dict[str, Any]] = None
+    if validation is not False and validation is not None:
+        if validation is True:
+            spec = {"fn_kwargs": None, "timeout_s": None}
+        elif isinstance(validation, ValidationTaskConfig):
+            spec = {"fn_kwargs": dict(validation.fn_kwargs or {}), "timeout_s": validation.timeout_s}
+        else:
+            raise ValueError(f"report(validation={validation!r}) is neither a bool nor a ValidationTaskConfig: pass "
+                             "validation=True or ValidationTaskConfig(fn_kwargs=..., timeout_s=...)")
+        if checkpoint is None:
+            raise ValueError("report(validation=...) without a checkpoint: a validation scores a reported "
+                             "checkpoint; pass checkpoint= too")
+        if not has_validation:
+            raise ValueError("report(validation=...) but no validation function was given: pass "
+                             "validation_config=ValidationConfig(fn) to the trainer (in a notebook: "
+                             "group.validation(fn))")
+    delete = (checkpoint_upload_mode.default_delete_local_checkpoint_after_upload()
+              if delete_local_checkpoint_after_upload is None else bool(delete_local_checkpoint_after_upload))
+    if checkpoint_upload_mode is CheckpointUploadMode.NO_UPLOAD:
+        delete = False  # the files are the checkpoint: nothing local to delete
+    return ReportOptions(checkpoint_dir_name, checkpoint_upload_mode, delete, checkpoint_upload_fn, spec)

@@ -6,96 +6,15 @@ cell or in a trainer's loop). They never import torch.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import threading
 import time
 from typing import Any, Callable, Deque, Dict, List, Optional
 
-from ..validate import not_supported
-from .report_api import CheckpointUploadMode, check_report_options
+from .context import METADATA, TRIAL_HINT, TrainContext  # noqa: F401 - re-exported: the worker API lives here
+from .report_api import (CheckpointConsistencyMode, CheckpointUploadMode, ReportedCheckpoint, ReportOptions,
+                         report_options)
 
 
-@dataclasses.dataclass(frozen=True)
-class TrainContext:
-    """Where this worker stands in the group (Ray Train's ``TrainContext``)."""
-
-    world_rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    node_rank: int
-    experiment_name: str = ""
-
-    def get_world_rank(self) -> int:
-        """This worker's rank in the group, 0..world_size-1."""
-        return self.world_rank
-
-    def get_world_size(self) -> int:
-        """Number of workers in the group."""
-        return self.world_size
-
-    def get_local_rank(self) -> int:
-        """This worker's rank among the workers on its node."""
-        return self.local_rank
-
-    def get_local_world_size(self) -> int:
-        """Number of workers on this worker's node."""
-        return self.local_world_size
-
-    def get_node_rank(self) -> int:
-        """Index of this worker's node among the group's nodes."""
-        return self.node_rank
-
-    def get_experiment_name(self) -> str:
-        """The run's name."""
-        return self.experiment_name
-
-    def get_trial_name(self) -> str:
-        """The run's name (Ray Train V2 refuses this Tune-era method; here it names the run)."""
-        return self.experiment_name
-
-    def get_metadata(self) -> Dict[str, Any]:
-        """The trainer's ``metadata=`` dict (``{}`` in a notebook cell); Ray Train V2 refuses this method."""
-        sess = current_session()
-        return dict(sess.metadata) if sess is not None else {}
-
-    def get_storage(self) -> Any:
-        """Ray Train's ``StorageContext`` (a developer API): not supported.
-
-        Raises:
-            NotSupportedError: naming where the run's files are.
-        """
-        raise not_supported("get_context().get_storage() (Ray Train's StorageContext)", "the run directory is "
-                            "<storage_path>/<name> of the RunConfig; pass what the loop needs in train_loop_config")
-
-    def get_trial_id(self) -> str:
-        """A Ray Tune trial's id: refused, as Ray Train V2 does.
-
-        Raises:
-            NotSupportedError: naming ``train_loop_config``.
-        """
-        raise not_supported("get_context().get_trial_id()", TRIAL_HINT)
-
-    def get_trial_dir(self) -> str:
-        """A Ray Tune trial's directory: refused, as Ray Train V2 does.
-
-        Raises:
-            NotSupportedError: naming ``train_loop_config``.
-        """
-        raise not_supported("get_context().get_trial_dir()", TRIAL_HINT)
-
-    def get_trial_resources(self) -> Any:
-        """A Ray Tune trial's resources: refused, as Ray Train V2 does.
-
-        Raises:
-            NotSupportedError: naming ``train_loop_config``.
-        """
-        raise not_supported("get_context().get_trial_resources()", TRIAL_HINT)
-
-
-#: The way out of Tune's trial methods on a worker (Ray Train V2's advice).
-TRIAL_HINT = ("a trainer's workers are not a Tune trial; pass what the loop needs (a directory, the resources) in "
-              "train_loop_config")
 #: The dataset ``get_dataset_shard()`` returns without a name (Ray Train's ``TRAIN_DATASET_KEY``).
 TRAIN_DATASET_KEY = "train"
 
@@ -144,6 +63,14 @@ class WorkerSession:
         self.upload: Optional[Callable[[int, Any, Dict[str, Any]], None]] = None
         self.report_name: Optional[Callable[[int], str]] = None
         self.latest: Optional[Callable[[], Any]] = None
+        #: set by the worker: ``prepare_upload(index, checkpoint, metrics, options) -> job`` checks a report's
+        #: options now and returns the upload to run (``job() -> record fields``); the background uploads'
+        #: queue; ``reported(consistency_mode, timeout_s)`` for ``get_all_reported_checkpoints``
+        self.prepare_upload: Optional[Callable[[int, Any, Dict[str, Any], Any], Callable[[], Dict[str, Any]]]] = None
+        self.uploads: Any = None
+        self.reported: Optional[Callable[[Any, Optional[float]], List[Any]]] = None
+        #: set by the driver: the trainer or group has a validation function (``report(validation=...)``)
+        self.has_validation = False
         #: set by local mode (``ScalingConfig(num_workers=0)``): the trainer's own process, not a worker
         self.local = False
         #: the trainer's ``metadata=`` while its loop runs (``get_context().get_metadata()``)
@@ -154,11 +81,18 @@ class WorkerSession:
         """How many records wait for the driver at most (the newest are kept)."""
         return self._pending.maxlen or 0
 
-    def report(self, metrics: Dict[str, Any], total: Optional[int] = None, checkpoint: Any = None) -> None:
-        """Queue one report record for the driver (uploading ``checkpoint`` first), then call ``on_report``."""
+    def report(self, metrics: Dict[str, Any], total: Optional[int] = None, checkpoint: Any = None,
+               options: Any = None) -> None:
+        """Queue one report record for the driver (uploading ``checkpoint`` first), then call ``on_report``.
+
+        With ``options`` (a ``ReportOptions``), or while background uploads are pending, the report takes the
+        ordered path (:meth:`_report_ordered`).
+        """
         if not isinstance(metrics, dict):
             raise TypeError(f"report() takes a dict of metrics, got {type(metrics).__name__}: "
                             "call report({'loss': loss}) ")
+        if options is not None or (self.uploads is not None and self.uploads.busy()):
+            return self._report_ordered(metrics, total, checkpoint, options)
         index = self.reports_this_cell
         record = {"rank": self.context.world_rank, "time": time.time(), "metrics": plain_metrics(metrics)}
         if total is not None:
@@ -178,6 +112,59 @@ class WorkerSession:
         if self.on_report is not None:
             self.on_report(index)
 
+    def _report_ordered(self, metrics: Dict[str, Any], total: Optional[int], checkpoint: Any, options: Any) -> None:
+        """A report after (or as) a background upload: its record goes out in report order, after its upload.
+
+        The options are checked and the upload prepared now (errors here, in the caller's line); the upload, the
+        record and the ledger entry (``on_report(index, ledger_only=True)``) follow on the uploads' thread for
+        ``ASYNC``, or here once every earlier upload is done.
+        """
+        with self._lock:
+            index = self.reports_this_cell
+            self.reports_this_cell += 1
+        record = {"rank": self.context.world_rank, "time": time.time(), "metrics": plain_metrics(metrics)}
+        if total is not None:
+            record["total"] = int(total)
+        if self.report_name is not None:
+            record["report"] = self.report_name(index)
+        job = None
+        if checkpoint is not None:
+            if self.prepare_upload is None:
+                if self.upload is None:
+                    raise RuntimeError("report(checkpoint=...) needs a run directory: this worker has no storage")
+                self.upload(index, checkpoint, record["metrics"])  # local mode: kept at once
+                record["checkpoint"] = True
+                if options is not None and options.delete_local:
+                    from ..checkpoint.checkpoint import delete_local  # fsspec: loaded with checkpoints
+
+                    delete_local(checkpoint)
+            else:
+                job = self.prepare_upload(index, checkpoint, record["metrics"], options)
+        if options is not None and options.validation is not None and checkpoint is not None:
+            record["validation"] = options.validation
+
+        def send() -> None:
+            if job is not None:
+                record.update(job(), checkpoint=True)
+            with self._lock:
+                self._seq += 1
+                record["seq"] = self._seq
+                self._pending.append(record)
+            if self.on_report is not None:
+                self.on_report(index, ledger_only=True)
+
+        asynchronous = options is not None and options.mode.value == "ASYNC" and job is not None
+        if self.uploads is None:
+            send()
+        elif asynchronous or (job is None and self.uploads.busy()):
+            self.uploads.submit(send, record.get("report", "") if job is not None else "")
+        elif self.uploads.busy():
+            self.uploads.submit(send, record.get("report", "")).result()  # SYNC: after the earlier ones, then done
+        else:
+            send()
+        if self.on_report is not None:
+            self.on_report(index, step_only=True)
+
     def drain(self) -> List[Dict[str, Any]]:
         """The records queued since the last drain, oldest first."""
         with self._lock:
@@ -187,6 +174,13 @@ class WorkerSession:
 
 
 _session: Optional[WorkerSession] = None
+
+
+def _metadata() -> Dict[str, Any]:
+    return dict(_session.metadata) if _session is not None else {}
+
+
+METADATA[0] = _metadata  # get_context().get_metadata() reads the session's
 
 
 def set_session(session: Optional[WorkerSession]) -> None:
@@ -224,37 +218,67 @@ def report(metrics: Dict[str, Any], checkpoint: Any = None, checkpoint_dir_name:
            delete_local_checkpoint_after_upload: Optional[bool] = None,
            checkpoint_upload_fn: Optional[Callable[[Any, str], Any]] = None, validation: Any = False, *,
            total: Optional[int] = None) -> None:
-    """Report metrics from a worker; they reach the driver within 300 ms.
+    """Report metrics from a worker; they reach the driver within 300 ms (Ray Train's ``report``).
 
-    Never blocks training: the record is queued and the driver collects it.
+    Never blocks training without a checkpoint: the record is queued and the driver collects it.
 
     Args:
         metrics: a dict of numbers (1-element tensors are converted).
-        checkpoint: a ``Checkpoint`` to save with these metrics.
-        checkpoint_dir_name, checkpoint_upload_fn, validation: Ray Train options that are refused when set
-            (checkpoints are named by their report index, uploaded into the run, validated in the loop).
-        checkpoint_upload_mode: only ``CheckpointUploadMode.SYNC`` (the upload is done when ``report`` returns).
-        delete_local_checkpoint_after_upload: ``True`` deletes the checkpoint's local directory once uploaded.
+        checkpoint: a ``Checkpoint`` to save with these metrics: each rank's files are merged into one
+            checkpoint, committed once every rank reported it; rank 0's metrics are attached to it.
+        checkpoint_dir_name: the committed directory's name in the run (rank 0's is used; default
+            ``checkpoint_NNNNNN`` by report index); a name used already in the run is an error.
+        checkpoint_upload_mode: ``SYNC`` uploads before returning; ``ASYNC`` returns at once and uploads in the
+            background, one at a time in report order (a failure is raised into the training thread);
+            ``NO_UPLOAD``: the checkpoint is a directory already written directly inside the run directory.
+        delete_local_checkpoint_after_upload: delete the checkpoint's local directory once uploaded (default:
+            only for ``ASYNC``); refused when that directory holds the run directory.
+        checkpoint_upload_fn: ``fn(checkpoint, dir_name) -> Checkpoint`` uploads it instead; what it returns must
+            be a directory directly inside the run directory.
+        validation: ``True`` or a ``ValidationTaskConfig``: validate the checkpoint with the trainer's (or
+            group's) ``ValidationConfig`` in a Ray task of its own; its metrics join the checkpoint's.
         total: the total number of steps, for progress bars (not in Ray Train).
 
-    With a ``checkpoint`` (``Checkpoint.from_directory(tmpdir)``), this rank's
-    files are uploaded into the run's next checkpoint directory before
-    ``report`` returns; files from several ranks merge into one checkpoint,
-    committed once every rank reported; rank 0's metrics are attached to it.
     Every rank must call ``report`` the same number of times.
 
     Raises:
-        NotSupportedError: a Ray Train option that cannot be honoured, naming it.
+        ValueError: a bad option, in one line naming it (an unknown mode, a name used already, a validation
+            without a checkpoint or without a validation config, a checkpoint outside the run).
     """
-    if (checkpoint_dir_name is not None or checkpoint_upload_mode is not CheckpointUploadMode.SYNC
-            or checkpoint_upload_fn is not None or validation is not False):  # the step path: one look at defaults
-        check_report_options(checkpoint_dir_name, checkpoint_upload_mode, checkpoint_upload_fn, validation)
     session = _get_session("report")
+    if (checkpoint_dir_name is not None or checkpoint_upload_mode is not CheckpointUploadMode.SYNC
+            or checkpoint_upload_fn is not None or validation is not False
+            or delete_local_checkpoint_after_upload):  # the step path: one look at the defaults
+        options = report_options(checkpoint, checkpoint_dir_name, checkpoint_upload_mode,
+                                 delete_local_checkpoint_after_upload, checkpoint_upload_fn, validation,
+                                 session.has_validation or session.local)
+        session.report(metrics, total=total, checkpoint=checkpoint, options=options)
+        return
     session.report(metrics, total=total, checkpoint=checkpoint)
-    if checkpoint is not None and delete_local_checkpoint_after_upload:
-        from ..checkpoint.checkpoint import delete_local  # fsspec: loaded with checkpoints, not on import raytrain_nb
 
-        delete_local(checkpoint)
+
+def get_all_reported_checkpoints(consistency_mode: CheckpointConsistencyMode = CheckpointConsistencyMode.VALIDATED,
+                                 timeout_s: Optional[float] = None) -> List[ReportedCheckpoint]:
+    """Every checkpoint the run reported and kept so far, with its metrics and status (Ray Train's).
+
+    First waits for this rank's reports to be committed (``COMMITTED``) and, by default (``VALIDATED``), for
+    their pending validations; ``timeout_s`` bounds the wait (None: no bound), after which what there is is
+    returned. In local mode (``num_workers=0``) it returns ``[]``, as Ray Train's does.
+
+    Example:
+        >>> for rc in raytrain_nb.get_all_reported_checkpoints():   # doctest: +SKIP
+        ...     print(rc.checkpoint.path, rc.metrics, rc.status)
+    """
+    session = _get_session("get_all_reported_checkpoints")
+    if not isinstance(consistency_mode, CheckpointConsistencyMode):
+        value = getattr(consistency_mode, "value", None)
+        if value not in CheckpointConsistencyMode.__members__:
+            raise ValueError(f"get_all_reported_checkpoints(consistency_mode={consistency_mode!r}) is not a mode: "
+                             "pass CheckpointConsistencyMode.COMMITTED or .VALIDATED")
+        consistency_mode = CheckpointConsistencyMode[value]
+    if session.local or session.reported is None:
+        return []
+    return session.reported(consistency_mode, timeout_s)
 
 
 def get_checkpoint() -> Any:
