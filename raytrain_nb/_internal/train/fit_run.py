@@ -15,7 +15,7 @@ from .. import cluster, frontend
 from ..checkpoint.metrics_log import read_metrics
 from ..checkpoint.reported import report_index
 from ..checkpoint.storage import as_fsspec, default_storage_path, is_local, resolve
-from ..errors import (CheckpointError, ConfigError, GroupError, ResourceError, RunInUseError, WorkerError, cut_lines,
+from ..errors import (ConfigError, GroupError, ResourceError, RunInUseError, WorkerError, cut_lines,
                       format_ranks, merge_failures)
 from ..group.config import GroupConfig
 from ..group.datasets import attach, ensure_fresh
