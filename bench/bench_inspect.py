@@ -4,6 +4,8 @@
      not sampled: the DDP workload of ``workload.py`` reporting every step, in runs interleaved on/off (the sampler
      is switched off on the workers by replacing its method). Target: the slowdown's 95 % interval (bootstrap of the
      median of paired on/off ratios) within 2 %.
+19a'. The sampler's own CPU time per second of training (one sample's thread CPU time, at one sample a second), on
+     every rank: what 19a bounds, measured without the noise of the machine's other work. Target: under 2 %.
 19b. Time from ``group.where()`` (what ``%dist_where`` and the Where button call) to every rank's stack, on a
      2-rank group while rank 1 sleeps and rank 0 waits in ``all_reduce``. Target: median under 1 s.
 19c. The same on an 8-rank group (the embedded instance shares its CPUs among the ranks). Target: median under 1 s.
@@ -40,6 +42,36 @@ def _sampling(on: bool) -> None:
     original = getattr(resources, "_bench_original", None) or resources.ResourceSampler.sample
     resources._bench_original = original
     resources.ResourceSampler.sample = original if on else (lambda self: {})
+
+
+def _sample_cost(calls: int) -> List[float]:
+    """On a worker: the CPU seconds of each of ``calls`` fresh samples (what one tick of the sampler costs)."""
+    from raytrain_nb._internal.worker.resources import ResourceSampler
+
+    sampler = ResourceSampler(every_s=0.0)
+    sampler.sample()  # psutil's import and the process handle: paid once per process
+    out = []
+    for _ in range(calls):
+        t0 = time.thread_time()
+        sampler.sample()
+        out.append(time.thread_time() - t0)
+    return out
+
+
+def run_sample_cost(group: Any, calls: int = 200) -> List[Figure]:
+    """19a': the sampler's own CPU time per second of training (it samples at most once a second), on every rank;
+    unlike 19a it does not depend on what else the machine runs."""
+    from raytrain_nb._internal.worker.resources import SAMPLE_EVERY_S
+
+    per_rank = group.execute(_sample_cost, calls, output="none")
+    times = [t for rank in per_rank for t in rank]
+    s = stats(times)
+    share = 100.0 * s["median"] / SAMPLE_EVERY_S
+    print(f"  one sample: {fmt_stats(s, 1e6, 'us', 0)} of CPU; at one sample per {SAMPLE_EVERY_S:g} s that is "
+          f"{share:.3f} % of one core")
+    return [Figure("19a'", "resources sampled: the sampler's CPU time per second of training", share, "%", "<", 2.0,
+                   spread=f"one sample {s['median'] * 1e6:.0f} us (IQR {s['q1'] * 1e6:.0f}-{s['q3'] * 1e6:.0f}), "
+                   f"n={s['n']}", note="load-independent: CPU time of the sample itself, every rank")]
 
 
 def run_sampling(group: Any, steps: int = STEPS, rounds: int = ROUNDS) -> List[Figure]:
@@ -117,6 +149,7 @@ def run(quick: bool = False) -> List[Figure]:
     try:
         two.run(GROUP_SETUP, sink=CollectSink())
         figures += run_sampling(two, steps=300 if quick else STEPS, rounds=2 if quick else ROUNDS)
+        figures += run_sample_cost(two, calls=20 if quick else 200)
         figures += run_where(two, "19b", calls=5 if quick else WHERE_CALLS)
     finally:
         two.shutdown()
