@@ -23,6 +23,7 @@ from ..errors import SnapshotError
 from . import keras_models
 from .boosters import is_booster, load_into, model_bytes
 from .copy_pool import CopyPool
+from .sharded import check_mesh, is_sharded, sort_sharded
 from .walk import walk
 
 _PLAIN = (int, float, str, bool, type(None), bytes)
@@ -43,9 +44,13 @@ class Tracked:
     wrappers: Dict[str, Any] = dataclasses.field(default_factory=dict)  # DDP wrappers, by path
     boosters: Dict[str, Any] = dataclasses.field(default_factory=dict)  # XGBoost / LightGBM boosters
     keras: Dict[str, Any] = dataclasses.field(default_factory=dict)  # Keras models (with their optimizers)
+    sharded: Dict[str, Any] = dataclasses.field(default_factory=dict)  # FSDP2 modules: each rank its own shards
+    #: optimizers of sharded modules: path -> (optimizer, the sharded module's path)
+    sharded_optimizers: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def names(self) -> List[str]:
-        return sorted(name for kind in KINDS for name in getattr(self, kind))
+        return sorted([name for kind in KINDS for name in getattr(self, kind)] + list(self.sharded)
+                      + list(self.sharded_optimizers))
 
 
 def unwrap(module: Any) -> Any:
@@ -95,7 +100,11 @@ def find_tracked(namespace: Dict[str, Any], strict: bool = True) -> Tracked:
                                     "parameters are sharded across the ranks, so snapshots cannot hold it; save it "
                                     "with torch.distributed.checkpoint and report(checkpoint=...) instead")
             continue  # never broadcast from a peer: every rank's shard differs
-        if isinstance(obj, module_class):
+        if isinstance(obj, module_class) and is_sharded(obj):  # FSDP2: DTensor shards, written by every rank
+            if all(id(obj) != id(m) for m in tracked.sharded.values()):
+                check_mesh(obj, path)
+                tracked.sharded[path] = obj
+        elif isinstance(obj, module_class):
             inner = unwrap(obj)
             if inner is not obj:
                 tracked.wrappers[path] = obj
@@ -112,6 +121,7 @@ def find_tracked(namespace: Dict[str, Any], strict: bool = True) -> Tracked:
             tracked.boosters[path] = obj
         elif keras_models.is_keras_model(obj):
             tracked.keras[path] = obj
+    sort_sharded(tracked)
     params = {id(p) for m in tracked.modules.values() for p in m.parameters()}
     for path, opt in list(tracked.optimizers.items()):
         if not any(id(p) in params for g in opt.param_groups for p in g["params"]):

@@ -5,7 +5,9 @@ Snapshot layout (one committed directory)::
     replicated.pt      models, optimizers, schedulers, grad scalers (written by rank 0)
     vars.pt            the plain variables of --vars (rank 0)
     rank-<r>.pt        RNG states of rank r (written by each rank)
-    snapshot.json      world size, variable names, fingerprints of plain variables (rank 0)
+    snapshot.json      world size, variable names, fingerprints of plain variables, the sharded part (rank 0)
+    sharded/           sharded (FSDP2) models and their optimizers: one DCP checkpoint, each rank's own shards
+                       in __<r>_0.distcp, DCP's .metadata (read with a restricted unpickler, :mod:`.dcp_safe`)
 
 A trial's ``raytrain_nb.tune.save_state`` writes the same layout with ``replicated.pt`` and
 ``snapshot.json`` only (no fingerprints), so a group loads it like a snapshot (``group.load``).
@@ -25,7 +27,8 @@ from ..checkpoint.staging import StagedDir, verify_dir
 from ..checkpoint.storage import is_local, join, resolve, to_url
 from ..errors import CheckpointError
 from .copy_pool import CopyPool
-from .snapshot import capture, changed_since, fingerprint, loads, restore
+from . import sharded_io
+from .snapshot import capture, changed_since, find_tracked, fingerprint, loads, restore
 
 logger = logging.getLogger(__name__)
 
@@ -45,9 +48,14 @@ def take(namespace: Dict[str, Any], rank: int, world_size: int, var_names: Seque
     only, which writes it."""
     replicated, own, variables = capture(namespace, var_names, copy=copy, shared=rank == 0, pool=pool)
     own["fingerprint"] = prints = fingerprint(namespace)  # this rank's, to tell what changed at rollback
+    tracked = find_tracked(namespace, strict=False)
+    sharded = None
+    if tracked.sharded:  # every rank: its own shards, written with DCP on a group of its own
+        sharded = {"state": sharded_io.state_of(tracked, copy), "record": sharded_io.record(tracked),
+                   "group": sharded_io.dcp_group()}
     return {"rank": rank, "world_size": world_size, "replicated": replicated if rank == 0 else None,
             "variables": variables if rank == 0 else None, "own": own, "vars": list(var_names),
-            "fingerprint": prints}
+            "fingerprint": prints, "sharded": sharded}
 
 
 def write(taken: Dict[str, Any], staged: StagedDir) -> None:
@@ -57,9 +65,13 @@ def write(taken: Dict[str, Any], staged: StagedDir) -> None:
         _save(taken["replicated"], staged, REPLICATED)
         _save(taken["variables"], staged, VARS)
         meta = {"world_size": taken["world_size"], "vars": taken["vars"], "fingerprint": taken["fingerprint"]}
+        if taken.get("sharded"):
+            meta["sharded"] = taken["sharded"]["record"]
         with staged.open(META) as fh:
             fh.write(json.dumps(meta).encode())
     _save(taken["own"], staged, rank_file(rank))
+    if taken.get("sharded"):
+        sharded_io.write(taken["sharded"]["state"], staged, taken["sharded"]["group"])
 
 
 def _save(obj: Any, staged: StagedDir, name: str) -> None:
@@ -142,7 +154,11 @@ def load(namespace: Dict[str, Any], url: str, rank: int, allow_pickle: bool = Fa
     variables = None  # older snapshots: in replicated.pt, loaded weights-only above
     if VARS in files:
         variables = loads(_read(fs, join(path, VARS)), f"{url}/{VARS}", allow_pickle)
+    if meta.get("sharded"):
+        sharded_io.check_present(find_tracked(namespace), meta["sharded"], action)  # before anything loads
     restored = restore(namespace, replicated, own, variables, action)
+    if meta.get("sharded"):  # every rank loads its shards (DCP reshards a snapshot of another world size)
+        restored += sharded_io.load(find_tracked(namespace), url, meta["sharded"], allow_pickle, action)
     before = (own or {}).get("fingerprint") or meta.get("fingerprint", {})
     changed = [] if before is None else changed_since(namespace, before, restored)  # save_state keeps none
     return {"restored": restored, "changed": changed}

@@ -14,7 +14,7 @@ from . import session
 
 logger = logging.getLogger(__name__)
 
-_STRATEGIES = ("ddp", "fsdp", None)
+_STRATEGIES = ("ddp", "fsdp", "fsdp2", None)
 
 
 def get_device() -> torch.device:
@@ -41,22 +41,31 @@ def prepare_model(
         move_to_device: move it to :func:`get_device` first (``True``), to this device (a ``torch.device``),
             or leave it where it is (``False``).
         parallel_strategy: ``"ddp"`` (DistributedDataParallel), ``"fsdp"`` (FSDP1's
-            ``FullyShardedDataParallel``, sharding parameters, gradients and optimizer state across ranks) or
-            ``None`` (no wrapping).
-        parallel_strategy_kwargs: extra keyword arguments for the wrapper.
+            ``FullyShardedDataParallel``, sharding parameters, gradients and optimizer state across ranks),
+            ``"fsdp2"`` (our extension: FSDP2's ``fully_shard``, on CPU with gloo too; see below) or ``None``
+            (no wrapping).
+        parallel_strategy_kwargs: extra keyword arguments for the wrapper. For ``"fsdp2"``: ``fully_shard``'s
+            (``mp_policy=MixedPrecisionPolicy(...)``, ``offload_policy=CPUOffloadPolicy()``,
+            ``reshard_after_forward``, ``mesh``: a 1-D mesh; 2-D meshes are refused) and ``shard_children``.
+
+    With ``"fsdp2"`` the policy is: ``fully_shard`` on each direct child that holds parameters (each block of a
+    child that is a ``ModuleList`` / ``Sequential``), or on the submodules named in ``shard_children``, then on
+    the root. The model object itself is returned (FSDP2 changes its class in place); snapshots, rollback,
+    restart and rescale keep its shards (each rank writes only its own). A model you shard by hand with
+    ``fully_shard`` on a 1-D mesh is handled the same way.
 
     Returns:
         The wrapped model. A DDP wrapper is tracked, so it is re-bound in place when the group's process group
         is re-formed (after an interrupt, a failure, or a rescale); an FSDP one is not (build it again).
 
     Raises:
-        ValueError: for an unknown ``parallel_strategy``.
+        ValueError: for an unknown ``parallel_strategy``, or a 2-D mesh for ``"fsdp2"``.
 
     Example:
         >>> model = prepare_model(torch.nn.Linear(10, 1))  # doctest: +SKIP
     """
     if parallel_strategy not in _STRATEGIES:
-        raise ValueError(f"prepare_model(parallel_strategy={parallel_strategy!r}): use 'ddp', 'fsdp' or None")
+        raise ValueError(f"prepare_model(parallel_strategy={parallel_strategy!r}): use 'ddp', 'fsdp', 'fsdp2' or None")
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"prepare_model() takes a torch.nn.Module, got {type(model).__name__}")
     device = move_to_device if isinstance(move_to_device, torch.device) else get_device()
@@ -67,6 +76,10 @@ def prepare_model(
     state = process_group_state()
     model.register_forward_pre_hook(_count_forward)
     joined = dist.is_available() and dist.is_initialized()
+    if parallel_strategy == "fsdp2":
+        from .sharded import prepare_fsdp2  # FSDP2: loaded only when asked for
+
+        return prepare_fsdp2(model, device, dict(parallel_strategy_kwargs or {}), joined, state.deferred)
     if parallel_strategy == "fsdp":
         return _fsdp(model, device, dict(parallel_strategy_kwargs or {}), joined, state.deferred)
     if parallel_strategy is None or not (joined or state.deferred):
