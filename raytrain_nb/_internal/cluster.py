@@ -13,14 +13,13 @@ import logging
 import os
 import secrets
 import signal
-import socket
 import stat
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional
 
-from . import settings, shipping
+from . import instance, settings, shipping
 from .lean_head import lean_head
 from .lean_entry import defer_iri_grammar
 from .processes import children, end_children
@@ -35,6 +34,7 @@ _MIN_OBJECT_STORE = 80 * 1024 * 1024
 _MAX_OBJECT_STORE = 2 * 1024 ** 3
 
 _started_by_us = False
+_on_shared = False  # connected to the shared instance keep-alive groups run on (instance.py)
 _shipped_working_dir = False
 _lock = threading.Lock()
 
@@ -160,26 +160,38 @@ def started_by_us() -> bool:
     return _started_by_us
 
 
-def connect(address: Optional[str] = None) -> None:
+def on_shared_instance() -> bool:
+    """Whether this process is connected to the shared instance that keep-alive groups run on."""
+    return _on_shared
+
+
+def connect(address: Optional[str] = None, shared: bool = False) -> None:
     """Make sure this process is connected to Ray (never calls ``ray.init`` twice).
 
     Args:
         address: a Ray address (``"auto"``, ``"ray://host:10001"``, ``"host:6379"``);
             defaults to ``RAY_ADDRESS``, else an embedded local instance.
+        shared: without an address, connect to the shared instance that outlives kernels (``instance.py``: found by
+            our record, started when none runs) instead of starting one that ends with this process.
 
     Raises:
-        GroupError: connected elsewhere already, or Ray could not start.
+        GroupError: connected elsewhere already, or Ray could not start; ``shared`` while this process runs an
+            instance of its own.
     """
-    global _started_by_us, _shipped_working_dir
+    global _started_by_us, _shipped_working_dir, _on_shared
     defer_iri_grammar()  # before Ray's first import in this process (lean_entry.py says why)
     import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
     # Ray announces token authentication when it turns it on by default; ours is set explicitly, the notice goes.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     with _lock:
-        if ray.is_initialized():
-            return
         address = address or os.environ.get("RAY_ADDRESS") or None
+        if ray.is_initialized():
+            if shared and _started_by_us and not address:
+                raise GroupError("this kernel's Ray instance ends with the kernel, so a keep-alive group cannot run "
+                                 "on it: %dist_shutdown its groups and call ray.shutdown() (or restart the kernel), "
+                                 "then start the group with --keep-alive first")
+            return
         if not address:
             enable_token_auth()
         in_main = threading.current_thread() is threading.main_thread()
@@ -190,6 +202,11 @@ def connect(address: Optional[str] = None) -> None:
             try:
                 if address:
                     _shipped_working_dir = _init_remote(ray, address)
+                elif shared:
+                    record = instance.find_or_start()
+                    ray.init(address=record["address"], namespace=record["namespace"], log_to_driver=False,
+                             logging_level=logging.WARNING)
+                    _on_shared, _shipped_working_dir = True, False
                 else:
                     # Ray starts workers at niceness 15; training ranks should not yield to everything else.
                     os.environ.setdefault("RAY_worker_niceness", "0")
@@ -310,29 +327,6 @@ def _check_token_auth() -> None:
                          f"authentication although {AUTH_MODE_ENV}=token: pip install -U 'ray>=2.59'")
 
 
-def this_machine_addresses() -> Set[str]:
-    """This machine's own addresses: every interface's, its hostname's, and the one Ray uses here."""
-    found = {"localhost", socket.gethostname()}
-    try:
-        found |= {str(info[4][0]) for info in socket.getaddrinfo(socket.gethostname(), None)}
-    except OSError:
-        pass
-    try:
-        import psutil  # bundled with Ray (ray/thirdparty_files): every interface's addresses
-
-        found |= {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs
-                  if a.family in (socket.AF_INET, socket.AF_INET6)}
-    except ImportError:
-        logger.debug("psutil is missing: this machine's addresses come from its hostname only")
-    try:
-        from ray.util import get_node_ip_address  # ray: loaded when a group or trainer runs
-
-        found.add(get_node_ip_address())
-    except Exception:  # noqa: BLE001 - no route out: the other sources still stand
-        pass
-    return found
-
-
 def _secret_files() -> List[str]:
     """Files never shipped whatever their name: Ray's token files."""
     named = os.environ.get(TOKEN_PATH_ENV, "").strip()
@@ -352,11 +346,12 @@ def _init_remote(ray: Any, address: str) -> bool:
     Raises:
         GroupError: the folder is over the limit (the connection is closed; nothing was uploaded).
     """
-    common = dict(address=address, log_to_driver=False, logging_level=logging.WARNING)
+    # one namespace: another kernel connected to the cluster finds the detached actors of keep-alive groups there
+    common = dict(address=address, namespace=instance.NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
     ray.init(**common)
     if not settings.working_dir():
         return False
-    if not shipping.should_ship(False, ray.nodes(), this_machine_addresses()):
+    if not shipping.should_ship(False, ray.nodes(), shipping.this_machine_addresses()):
         logger.debug("every node of the cluster at %s runs on this machine: the folder is used in place", address)
         return False
     selection = shipping.select(os.getcwd(), secret_files=_secret_files(),

@@ -55,6 +55,9 @@ DASHBOARD = Setting("RAYTRAIN_NB_DASHBOARD", "bool", "0",
 ELASTIC_WAIT_S = Setting("RAYTRAIN_NB_ELASTIC_WAIT_S", "float", "10",
                          "seconds an elastic `fit()` waits for a lost worker's place before it continues with the "
                          "survivors (read once, when the trainer is first imported)")
+INSTANCE_DIR = Setting("RAYTRAIN_NB_INSTANCE_DIR", "str", None,
+                       "the folder of the record that names the shared Ray instance keep-alive groups run on",
+                       when_unset="`$XDG_RUNTIME_DIR/raytrain_nb`, else `~/.raytrain_nb`")
 LEAN_ENTRY = Setting("RAYTRAIN_NB_LEAN_ENTRY", "bool", "1",
                      "`0` starts Ray's Python processes as Ray does, not through `lean_entry.py`")
 MEMORY_BYTES = Setting("RAYTRAIN_NB_MEMORY_BYTES", "int", None,
@@ -85,7 +88,7 @@ WORKING_DIR = Setting("RAYTRAIN_NB_WORKING_DIR", "bool", "1",
                       "yourself)")
 
 #: Every variable, in the README's order.
-SETTINGS: Tuple[Setting, ...] = (COLLECTIVE_TIMEOUT_S, DASHBOARD, ELASTIC_WAIT_S, LEAN_ENTRY, MEMORY_BYTES, NUM_CPUS,
+SETTINGS: Tuple[Setting, ...] = (COLLECTIVE_TIMEOUT_S, DASHBOARD, ELASTIC_WAIT_S, INSTANCE_DIR, LEAN_ENTRY, MEMORY_BYTES, NUM_CPUS,
                                  NUM_GPUS, OBJECT_STORE_BYTES, OUTPUT_RATE, RESOURCE_WAIT_S, STORAGE_PATH, UI,
                                  WORKING_DIR)
 
@@ -117,6 +120,15 @@ def dashboard() -> bool:
 def elastic_wait_s() -> float:
     """Seconds an elastic run waits for a lost worker's place before it continues without it."""
     return float(ELASTIC_WAIT_S.value())
+
+
+def instance_dir() -> str:
+    """The folder of the shared instance's record (unset or blank: the user's runtime folder, else ``~/.raytrain_nb``)."""
+    raw = (INSTANCE_DIR.raw() or "").strip()
+    if raw:
+        return os.path.expanduser(raw)
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "").strip()
+    return os.path.join(runtime, "raytrain_nb") if runtime else os.path.expanduser("~/.raytrain_nb")
 
 
 def lean_entry() -> bool:

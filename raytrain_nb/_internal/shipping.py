@@ -9,13 +9,17 @@ checked before connecting is the size Ray would upload.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import ipaddress
 import os
 import re
+import socket
 from pathlib import Path
-from typing import Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from .errors import GroupError
+
+logger = logging.getLogger(__name__)
 
 #: What never leaves this machine: secrets, credentials, virtual environments, caches, checkpoint files.
 EXCLUDES: Tuple[str, ...] = (
@@ -231,3 +235,26 @@ def should_ship(started_here: bool, nodes: Iterable[Mapping], local_addresses: I
     local = list(local_addresses)
     return any(not is_local_address(str(n.get("NodeManagerAddress", "")), local)
                for n in nodes if n.get("Alive", True))
+
+
+def this_machine_addresses() -> Set[str]:
+    """This machine's own addresses: every interface's, its hostname's, and the one Ray uses here."""
+    found = {"localhost", socket.gethostname()}
+    try:
+        found |= {str(info[4][0]) for info in socket.getaddrinfo(socket.gethostname(), None)}
+    except OSError:
+        pass
+    try:
+        import psutil  # bundled with Ray (ray/thirdparty_files): every interface's addresses
+
+        found |= {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs
+                  if a.family in (socket.AF_INET, socket.AF_INET6)}
+    except ImportError:
+        logger.debug("psutil is missing: this machine's addresses come from its hostname only")
+    try:
+        from ray.util import get_node_ip_address  # ray: loaded when a group or trainer runs
+
+        found.add(get_node_ip_address())
+    except Exception:  # noqa: BLE001 - no route out: the other sources still stand
+        pass
+    return found

@@ -9,6 +9,7 @@ from .._internal import cluster
 from .._internal.group.group import active_group
 from .._internal.train.trainer import install_autoinit
 from .magics import DistributedMagics
+from .magics_attach import AttachMagics
 from .magics_dashboard import DashboardMagics
 from .magics_debug import DebugMagics
 from .magics_state import StateMagics
@@ -17,7 +18,8 @@ logger = logging.getLogger(__name__)
 
 
 def stop_on_kernel_shutdown(ipython: Any) -> None:
-    """Shut the group and the Ray instance we started down when the kernel shuts down.
+    """Shut the group and the Ray instance we started down when the kernel shuts down (a keep-alive group is
+    detached instead: it lives on for its keep-alive, and ``%dist_attach`` in the next kernel takes it over).
 
     Without it the kernel waits on Ray's processes until the kernel manager kills it (~5 s).
     """
@@ -29,7 +31,9 @@ def stop_on_kernel_shutdown(ipython: Any) -> None:
     def do_shutdown(restart: bool) -> Any:
         try:
             group = active_group()
-            if group is not None:
+            if group is not None and group.keep_alive > 0:
+                group.detach()
+            elif group is not None:
                 group.shutdown()
             if cluster.started_by_us():
                 import ray  # loaded already: our Ray instance is running
@@ -44,12 +48,13 @@ def stop_on_kernel_shutdown(ipython: Any) -> None:
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """Register the magics of :mod:`.magics`, :mod:`.magics_state`, :mod:`.magics_dashboard`, :mod:`.magics_debug`."""
+    """Register the magics of :mod:`.magics`, :mod:`.magics_state`, :mod:`.magics_dashboard`, :mod:`.magics_debug`,
+    :mod:`.magics_attach`."""
     stop_on_kernel_shutdown(ipython)
     # Ray Data in a cell (ray.data.range(...)) before the first group starts our embedded instance, sized
     # for the container, not Ray's default one, which would leave no CPU for Ray Data beside the workers.
     install_autoinit()
-    for magics in (DistributedMagics, StateMagics, DashboardMagics, DebugMagics):
+    for magics in (DistributedMagics, StateMagics, DashboardMagics, DebugMagics, AttachMagics):
         ipython.register_magics(magics)
 
 

@@ -14,7 +14,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from .._internal.errors import GroupError
+from .._internal.durations import parse_duration
+from .._internal.errors import ConfigError, GroupError
 from .._internal.group.group import WorkerGroup, active_group
 from .._internal.group.kinds import backend_names
 from .._internal.group.state import GroupState
@@ -27,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 _SHAPING = (("workers", "num_workers"), ("cpus", "cpus_per_worker"), ("gpus", "gpus_per_worker"),
             ("backend", "backend"), ("address", "address"), ("spares", "spares"), ("storage", "storage_path"),
-            ("name", "name"))
+            ("name", "name"), ("keep_alive", "keep_alive"))
 
 
 @magics_class
@@ -54,6 +55,9 @@ class DistributedMagics(Magics):
               "RAYTRAIN_NB_STORAGE_PATH or ~/raytrain_nb_results)")
     @argument("--name", default=None, help="the run's name (first cell; default run-<date>-<time>)")
     @argument("--spares", type=int, default=None, help="standby workers that replace a dead rank fast (first cell)")
+    @argument("--keep-alive", dest="keep_alive", default=None, metavar="D",
+              help="the group outlives the kernel this long, e.g. 90s, 30m, 2h (first cell; %%dist_attach takes it over "
+                   "in a new kernel; default 0: it ends with the kernel)")
     @argument("--setup", action="store_true", help="mark this cell as setup: a new rank replays it")
     @argument("--on-failure", dest="on_failure", choices=["raise", "restart", "rescale"], default="raise",
               help="when a worker dies: raise (default), or restart/rescale and run the cell again")
@@ -106,12 +110,17 @@ class DistributedMagics(Magics):
 
     def _group_for(self, args: Any) -> WorkerGroup:
         group = active_group()
+        if args.keep_alive is not None:
+            try:
+                args.keep_alive = parse_duration(args.keep_alive, "--keep-alive")
+            except ConfigError as exc:
+                raise UsageError(str(exc)) from None
         given = {attr: getattr(args, flag) for flag, attr in _SHAPING if getattr(args, flag) is not None}
         if group is not None and group.state is not GroupState.SHUTDOWN:
             live = {"num_workers": group.num_workers, "cpus_per_worker": group.config.cpus_per_worker,
                     "gpus_per_worker": group.config.gpus_per_worker, "backend": group.config.framework or group.backend,
                     "address": group.address, "spares": group.num_spares,
-                    "storage_path": group.storage_path, "name": group.name}
+                    "storage_path": group.storage_path, "name": group.name, "keep_alive": group.keep_alive}
             diff = [f"--{flag} {given[attr]!r} (the group has {live[attr]!r})" for flag, attr in _SHAPING
                     if attr in given and given[attr] != live[attr]]
             if diff:

@@ -52,6 +52,8 @@ class Settings:
     storage_path: Optional[str] = None
     #: a Ray runtime environment for every worker actor (``RunConfig(worker_runtime_env=...)``)
     runtime_env: Optional[Dict[str, Any]] = None
+    #: how long the group lives on without a driver (0: it ends with its kernel; ``custodian.py``)
+    keep_alive_s: float = 0.0
 
 
 class GroupCore:
@@ -91,6 +93,8 @@ class GroupCore:
         self.trackers: Dict[str, Any] = {}  # kind -> the Tracker that group.track() attached (group/tracking.py)
         self._max_report_index = -1
         self._cell_seq = 0
+        #: why this driver no longer drives the group ("" while it does): detached, or taken over (``survival.py``)
+        self.taken_by = ""
 
     @property
     def name(self) -> str:
@@ -174,7 +178,9 @@ class GroupCore:
                 self.notify()
 
     def check_not_running(self) -> None:
-        """Raise unless the group can take a command now (not shut down, no cell running)."""
+        """Raise unless the group can take a command now (driven from here, not shut down, no cell running)."""
+        if self.taken_by:
+            raise GroupError(self.taken_by)
         if self.state is GroupState.SHUTDOWN:
             raise GroupError("this group was shut down: start a new one (a new %%distributed cell)")
         if self.state is GroupState.RUNNING:
@@ -217,6 +223,11 @@ class GroupCore:
         local = len({s.info.get("node_id") for s in self.slots}) == 1
         with self.kind.driver_cell(list(self.slots), targets, local) as specs:
             yield specs
+
+    def continue_after(self, history: Sequence[CellRecord]) -> None:
+        """Take over another driver's cell history (an attached group): new cells are numbered after it."""
+        self.history[:] = list(history)
+        self._cell_seq = max([self._cell_seq] + [r.cell_id for r in history])
 
     def next_cell_id(self) -> int:
         self._cell_seq += 1

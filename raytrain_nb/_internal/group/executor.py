@@ -125,7 +125,7 @@ class Execution:
     def do_reserve(self, step: Reserve) -> None:
         core = self.core
         pg = reserve(dataclasses.replace(core.config, num_workers=step.count), step.count,
-                     core.settings.placement_timeout_s)
+                     core.settings.placement_timeout_s, core.settings.keep_alive_s > 0)
         core.slots.pgs.append(pg)
         self.extra = (pg, step.count)
 
@@ -231,7 +231,8 @@ class Execution:
             places += [(pg, i) for i in range(min(need - len(places), size))]
         if len(places) < need:
             more = need - len(places)
-            pg = reserve(dataclasses.replace(core.config, num_workers=more), more, core.settings.placement_timeout_s)
+            pg = reserve(dataclasses.replace(core.config, num_workers=more), more, core.settings.placement_timeout_s,
+                         core.settings.keep_alive_s > 0)
             slots.pgs.append(pg)
             places += [(pg, i) for i in range(more)]
         return places

@@ -48,9 +48,10 @@ class Formation:
         """
         core, n, spares = self.core, self.core.config.num_workers, self.core.settings.num_spares
         try:
-            cluster.connect(core.settings.address)
+            cluster.connect(core.settings.address, shared=core.settings.keep_alive_s > 0)
             core.config = share_cpus(core.config, n + spares)  # more than the machine has: shared
-            core.slots.pgs.append(reserve(core.config, n + spares, core.settings.placement_timeout_s))
+            core.slots.pgs.append(reserve(core.config, n + spares, core.settings.placement_timeout_s,
+                                         core.settings.keep_alive_s > 0))
         except BaseException:
             core.run_storage.close()
             raise
@@ -78,6 +79,8 @@ class Formation:
             max_restarts=0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle),
         )
+        if self.core.settings.keep_alive_s > 0:  # outlives this driver; its custodian ends it (custodian.py)
+            opts["lifetime"] = "detached"
         if self.core.settings.runtime_env:
             opts["runtime_env"] = self.core.settings.runtime_env
         shipped = cluster.shipped_working_dir()  # then Ray runs workers in a copy of the folder

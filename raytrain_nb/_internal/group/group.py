@@ -15,11 +15,14 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .. import frontend
+from ..durations import parse_duration
 from ..checkpoint.run_storage import RunStorage
 from ..errors import GroupError
 from ..output import OutputSink, TextSink
 from ..worker.checkpointing import read_storage_marker
 from . import liveness, tracking
+from .active import active_group, leave, make_active
+from .attach import alive_groups, claim
 from .config import GroupConfig
 from .core import GroupCore, Settings
 from .debug import post_mortem
@@ -30,6 +33,7 @@ from .recovery import replace_ranks, rescale, restart
 from .retiring import teardown
 from .snapshots import RollbackResult, checkpoint, load, rollback, wait_background
 from .state import GroupState
+from .survival import Survival, detach
 from .timing import DEFAULT_HEARTBEAT_TIMEOUT_S
 from .types import WorkerStatus
 from .whereabouts import Whereabouts, where
@@ -41,14 +45,6 @@ def _read(path: str, doc: str, copy: Callable[[Any], Any] = lambda value: value)
     """A read-only property of the group: ``path`` (dotted) read off its core, through ``copy``."""
     get = operator.attrgetter(path)
     return property(lambda self: copy(get(self._core)), doc=doc)
-
-
-_ACTIVE: Optional["WorkerGroup"] = None
-
-
-def active_group() -> Optional["WorkerGroup"]:
-    """The group the magics use (the latest one started and not shut down), or None."""
-    return _ACTIVE
 
 
 class WorkerGroup:
@@ -68,12 +64,12 @@ class WorkerGroup:
         spares: standby workers kept started (torch imported) to replace a dead rank quickly.
         storage_path: where runs are kept (any fsspec URL shared by all workers); default
             ``RAYTRAIN_NB_STORAGE_PATH`` or ``~/raytrain_nb_results``. The run directory is ``<storage_path>/<name>``.
-        num_to_keep, checkpoint_score_attribute, checkpoint_score_order: how many reported
-            checkpoints to keep, ranked by which metric (snapshots are always kept).
+        num_to_keep, checkpoint_score_attribute, checkpoint_score_order: how many reported checkpoints to keep,
+            ranked by which metric (snapshots are always kept).
         runtime_env: a Ray runtime environment for every worker actor, e.g. ``{"env_vars": {...}}``.
+        keep_alive: how long the group outlives its kernel (seconds, or ``"30m"``); 0 (default): it ends with it.
 
-    Raises:
-        GroupError: bad arguments; ResourceError: the cluster cannot place the group.
+    Raises GroupError: bad arguments; ResourceError: the cluster cannot place the group.
 
     Example:
         >>> group = WorkerGroup(2)                   # doctest: +SKIP
@@ -89,8 +85,7 @@ class WorkerGroup:
                  heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S, spares: int = 0,
                  storage_path: Optional[str] = None, num_to_keep: Optional[int] = None,
                  checkpoint_score_attribute: Optional[str] = None, checkpoint_score_order: str = "max",
-                 activate: bool = True, runtime_env: Optional[Dict[str, Any]] = None) -> None:
-        global _ACTIVE
+                 activate: bool = True, runtime_env: Optional[Dict[str, Any]] = None, keep_alive: Any = 0) -> None:
         if isinstance(spares, bool) or not isinstance(spares, int) or spares < 0:
             raise GroupError(f"spares={spares!r} is not allowed: give a whole number, 0 or more (--spares 1)")
         config = GroupConfig(num_workers=num_workers, cpus_per_worker=cpus_per_worker,
@@ -99,20 +94,47 @@ class WorkerGroup:
         name = name or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"  # unique per writer
         settings = Settings(name=name, cpus_asked=float(cpus_per_worker), start_timeout_s=start_timeout_s,
                             placement_timeout_s=placement_timeout_s, num_spares=spares, address=address,
-                            storage_path=storage_path, runtime_env=dict(runtime_env) if runtime_env else None)
+                            storage_path=storage_path, runtime_env=dict(runtime_env) if runtime_env else None,
+                            keep_alive_s=parse_duration(keep_alive))
         storage = RunStorage(storage_path, name, num_to_keep, checkpoint_score_attribute, checkpoint_score_order,
                              owner=f"group {name!r}")
-        self._core = core = GroupCore(config, settings, storage)
+        self._assemble(GroupCore(config, settings, storage), heartbeat_timeout_s, activate, None)
+        logger.info("group %s: %d workers ready", name, num_workers)
+
+    def _assemble(self, core: GroupCore, heartbeat_s: float, activate: bool, claimed: Optional[tuple]) -> None:
+        """Build the parts over ``core``: a new group forms its workers; a ``claimed`` one (custodian, owner) has them."""
+        self._core, self._monitor, self._survival = core, None, None
         self._formation = Formation(core)
         self._runner = Runner(core, self._formation, self)
-        self._monitor: Optional[HealthMonitor] = None
-        self._formation.start(lambda url, token: self.execute(read_storage_marker, url, token))
-        core.transition(GroupState.IDLE)
-        self._monitor = HealthMonitor(core, heartbeat_timeout_s=heartbeat_timeout_s)
-        core.heartbeat_s = heartbeat_timeout_s  # formations from now on judge a silent rank by it too
+        if claimed is None:
+            self._formation.start(lambda url, token: self.execute(read_storage_marker, url, token))
+            core.transition(GroupState.IDLE)
+        if core.settings.keep_alive_s > 0:
+            self._survival = Survival.start(core, claimed)
+        self._monitor = HealthMonitor(core, heartbeat_timeout_s=heartbeat_s)
+        core.heartbeat_s = heartbeat_s  # formations from now on judge a silent rank by it too
         if activate:
-            _ACTIVE = self
-        logger.info("group %s: %d workers ready", name, num_workers)
+            make_active(self)
+
+    @classmethod
+    def attach(cls, run: Optional[str] = None, *, steal: bool = False, address: Optional[str] = None,
+               heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S) -> "WorkerGroup":
+        """Take over a keep-alive group that outlived its kernel (``%dist_attach``; the only one alive unless ``run``
+        names one); GroupError while its owner kernel is alive unless ``steal``. It becomes the active group."""
+        core, custodian, owner, note = claim(run, steal, address)
+        self = cls.__new__(cls)  # built from the claimed core, not formed: __init__ would start new workers
+        self._assemble(core, heartbeat_timeout_s, True, (custodian, owner))
+        self.attach_note = note
+        return self
+
+    alive_groups = staticmethod(alive_groups)  # every keep-alive group alive here (``%dist_groups``)
+
+    def detach(self, keep_alive: Any = None) -> float:
+        """Leave this keep-alive group to live on without this kernel for ``keep_alive`` (default: its own) until a
+        kernel attaches it (``%dist_detach``); returns those seconds. Raises GroupError for a group without one."""
+        left = detach(self._core, self._survival, self._monitor, keep_alive)
+        leave(self)
+        return left
 
     # -- what the group is (read-only: the group's own parts change it) ---------------------
 
@@ -125,6 +147,7 @@ class WorkerGroup:
     address = _read("settings.address", "The Ray cluster address the group was started on (None: local).")
     storage_path = _read("settings.storage_path", "Where runs are kept, as given (None: the default).")
     num_spares = _read("settings.num_spares", "How many standby workers the group keeps.")
+    keep_alive = _read("settings.keep_alive_s", "Seconds the group lives on without a driver (0: it ends with it).")
     run_storage = _read("run_storage", "Where the run's checkpoints live (``.url``, ``.manager``).")
     background = _read("background", "The latest ``--background`` cell (a ``BackgroundRun``), or None.")
     last_recovery = _read("last_recovery", "Where the seconds of the latest restart or rescale went (a "
@@ -168,32 +191,26 @@ class WorkerGroup:
             sink: Optional[OutputSink] = None, setup: Optional[bool] = None, on_failure: str = "raise",
             max_failures: int = 1, background: bool = False, quiet_after_s: float = 0.0,
             prompt: Optional[Callable[[str], str]] = None) -> Any:
-        """Run cell source in each worker's persistent namespace (IPython semantics).
-
-        Output streams to ``sink`` while the cell runs; the value of a trailing
-        expression is rendered on the worker and passed to ``sink.value``.
+        """Run cell source in each worker's persistent namespace (IPython semantics). Output streams to ``sink``
+        while the cell runs; the value of a trailing expression is rendered on the worker and passed to ``sink.value``.
 
         Args:
             source: the cell's code.
             ranks: the ranks to run on (default: all).
             output: ``rank0`` (the lowest targeted rank), ``all`` (labelled) or ``none``.
             sink: where output goes (default: this process's stdout/stderr).
-            setup: whether a new rank must replay this cell to rebuild its namespace;
-                by default, cells that neither called ``report()`` nor ran a prepared model.
-            on_failure: when a worker dies: ``raise`` (default), ``restart`` (replace it,
-                state from a live peer) or ``rescale`` (continue with the survivors); then
-                the cell runs again, at most ``max_failures`` times (-1: no limit).
-            background: return at once a :class:`BackgroundRun` (``.wait()`` for the result);
-                output keeps going to ``sink``; status, checkpoint, interrupt and pull work meanwhile.
+            setup: whether a new rank must replay this cell to rebuild its namespace; by default, cells that
+                neither called ``report()`` nor ran a prepared model.
+            on_failure: when a worker dies: ``raise`` (default), ``restart`` (replace it, state from a live peer) or
+                ``rescale`` (continue with the survivors); then the cell runs again, at most ``max_failures`` times.
+            background: return at once a :class:`BackgroundRun` (``.wait()`` for the result); output keeps going to
+                ``sink``; status, checkpoint, interrupt and pull work meanwhile.
             quiet_after_s: a cell with no output and no report this long says once where every rank is
                 (:meth:`where`); 0 never (``%%distributed`` says 60).
             prompt: reads a line for a ``breakpoint()`` in the cell (e.g. ``input``); None refuses it in one line.
 
-        Returns:
-            A :class:`CellResult`.
-
-        Raises:
-            WorkerError: the cell raised on some ranks (merged, shown as the cell's traceback).
+        Returns a :class:`CellResult`; raises WorkerError: the cell raised on some ranks (merged, shown as the cell's
+        traceback).
         """
         return self._runner.run(source, ranks, output=output, sink=sink, setup=setup, on_failure=on_failure,
                                 max_failures=max_failures, background=background, quiet_after_s=quiet_after_s,
@@ -208,21 +225,14 @@ class WorkerGroup:
         return self._runner.execute(fn, *args, ranks=ranks, sink=sink, output=output, **kwargs)
 
     def push(self, **values: Any) -> None:
-        """Bind ``values`` in every worker's namespace (new ranks get them too).
-
-        Raises:
-            GroupError: a value cannot be pickled (names the variable).
-        """
+        """Bind ``values`` in every worker's namespace (new ranks get them too); GroupError: a value cannot be
+        pickled (names the variable)."""
         self._runner.push(**values)
 
     def pull(self, name: str, rank: Optional[int] = 0) -> Any:
-        """A variable from one rank (default 0) or, with ``rank=None``, a list from every rank.
-
-        DDP models come back unwrapped and tensors on the CPU.
-
-        Raises:
-            GroupError: the name is not defined on a rank, or a rank is dead or did not answer within
-                ``timing.PULL_S`` (every rank is asked at once: a stopped rank costs one deadline).
+        """A variable from one rank (default 0) or, with ``rank=None``, a list from every rank. DDP models come
+        back unwrapped and tensors on the CPU. Raises GroupError: the name is not defined on a rank, or a rank is
+        dead or did not answer within ``timing.PULL_S`` (every rank is asked at once: a stopped one costs one deadline).
         """
         return self._runner.pull(name, rank)
 
@@ -275,12 +285,10 @@ class WorkerGroup:
 
     def checkpoint(self, name: Optional[str] = None, vars: Sequence[str] = (), *, blocking: bool = True,
                    timeout_s: float = 60.0) -> Any:
-        """Snapshot the warm state of every rank (models, optimizers, schedulers, grad scalers, RNG
-        states, and the plain variables named in ``vars``).
-
-        Between cells it is taken at once; while a cell runs (from another thread, a background
-        cell, the dashboard), at the next ``report()`` on every rank, or fails after ``timeout_s``.
-        With ``blocking=False`` the state is copied in memory, then written in the background.
+        """Snapshot the warm state of every rank (models, optimizers, schedulers, grad scalers, RNG states, and the
+        plain variables named in ``vars``). Between cells it is taken at once; while a cell runs (from another
+        thread, a background cell, the dashboard), at the next ``report()`` on every rank, or fails after
+        ``timeout_s``. With ``blocking=False`` the state is copied in memory, then written in the background.
 
         Returns the committed :class:`CheckpointEntry` (None when ``blocking=False``); raises ``SnapshotError``
         (e.g. an optimizer whose model is not bound to a name).
@@ -296,9 +304,8 @@ class WorkerGroup:
             run: another run (in the same storage) to take it from, e.g. from an earlier kernel.
             allow_pickle: allow unpickling the saved ``vars`` that are not plain data.
 
-        Returns:
-            A :class:`RollbackResult` listing what was restored and the plain variables,
-            not restored, that changed since the snapshot.
+        Returns a :class:`RollbackResult` listing what was restored and the plain variables, not restored, that
+        changed since the snapshot.
         """
         return rollback(self._core, name_or_index, run, allow_pickle)
 
@@ -309,21 +316,18 @@ class WorkerGroup:
         model, opt=opt)``: each saved name (``model``, ``opt``) loads into the object bound to it, as rollback does.
 
         Args:
-            checkpoint: a path or fsspec URL, a ``Checkpoint``, or a result holding one (Ray
-                Tune's ``ResultGrid.get_best_result()``, ``trainer.fit()``'s).
+            checkpoint: a path or fsspec URL, a ``Checkpoint``, or a result holding one (Ray Tune's
+                ``ResultGrid.get_best_result()``, ``trainer.fit()``'s).
             allow_pickle: allow unpickling a snapshot's saved ``vars`` that are not plain data.
 
-        Raises:
-            CheckpointError: not a checkpoint of named state, or damaged; GroupError: a saved name
-                is missing here or its shape differs (nothing is loaded then).
+        Raises CheckpointError: not a checkpoint of named state, or damaged; GroupError: a saved name is missing
+        here or its shape differs (nothing is loaded then).
         """
         return load(self._core, checkpoint, allow_pickle)
 
     def attach_datasets(self, **datasets: Any) -> None:
-        """Split Ray Data datasets across the ranks; ``get_dataset_shard(name)`` returns each rank's part.
-
-        Each dataset is split with ``streaming_split(num_workers, equal=True)``, and split again
-        after a restart or rescale. Example: ``group.attach_datasets(train=ray.data.range(1000))``.
+        """Split Ray Data datasets across the ranks (``streaming_split(num_workers, equal=True)``, again after a
+        restart or rescale); ``get_dataset_shard(name)`` returns each rank's part: ``group.attach_datasets(train=ds)``.
         """
         from .datasets import attach  # ray.data: loaded only when datasets are attached
 
@@ -341,25 +345,18 @@ class WorkerGroup:
     # -- recovery --------------------------------------------------------------------------
 
     def restart(self, from_checkpoint: Optional[Any] = None) -> List[int]:
-        """Replace every dead (or unresponsive) worker; state comes from a live peer.
+        """Replace every dead (or unresponsive) worker; state comes from a live peer. Returns the ranks replaced.
 
         Each replacement replays the group's setup cells (collectives deferred), then every rank re-forms the process
         group, DDP models are re-wrapped and the replicated state (models, optimizers, schedulers, grad scalers, plain
         variables the replacement lacks) is broadcast from a survivor. With ``from_checkpoint`` (a snapshot name, or
         ``"latest"``) every rank then loads that snapshot instead; no live worker is needed then (all may have died).
-
         On a backend that cannot form its collective again in a live process (``tensorflow``) every rank gets a
         fresh process, the lowest live rank's tracked state loaded into the objects its replayed setup cells made.
-
         Then every rank runs again the notebook's assignments of its own rank values (``rank =
-        get_context().get_world_rank()``, ``world_size``, ``os.environ["RANK"]``...); :attr:`rank_values`
-        (a ``RankValues``) names them, and the names computed from them that were not re-evaluated.
-
-        Returns:
-            The ranks replaced.
-
-        Raises:
-            GroupError: no dead worker, or no live worker to copy state from (and no ``from_checkpoint``).
+        get_context().get_world_rank()``, ``world_size``...); :attr:`rank_values` names them, and the names computed
+        from them that were not re-evaluated. Raises GroupError: no dead worker, or no live worker to copy state
+        from (and no ``from_checkpoint``).
         """
         self.run_storage.recover()
         replaced = restart(self._core, self._formation, from_checkpoint is not None)
@@ -368,30 +365,27 @@ class WorkerGroup:
         return replaced
 
     def rescale(self, num_workers: int) -> None:
-        """Grow or shrink the group to ``num_workers``, keeping the warm state.
-
-        Dead workers are dropped first; new ranks replay the setup cells and get a live peer's state; the process
-        group is re-formed at the new size, DDP models re-wrapped and ``prepare_data_loader`` samplers re-sharded.
-        On a backend that needs fresh processes (``tensorflow``) every rank is new, as in :meth:`restart`. Rank values
-        (``rank``, ``world_size``...) are re-evaluated on every rank, as in :meth:`restart` (:attr:`rank_values`).
-
-        Raises:
-            GroupError / ResourceError: a bad size, or not enough resources (names the numbers).
+        """Grow or shrink the group to ``num_workers``, keeping the warm state (GroupError / ResourceError: a bad
+        size, or not enough resources, naming the numbers). Dead workers are dropped first; new ranks replay the setup
+        cells and get a live peer's state; the process group is re-formed at the new size, DDP models re-wrapped and
+        ``prepare_data_loader`` samplers re-sharded; fresh processes (``tensorflow``) and rank values as in restart.
         """
         self.run_storage.recover()
         rescale(self._core, self._formation, num_workers)
 
     def shutdown(self) -> None:
         """Stop every worker and free the resources (the Ray instance stays up)."""
-        global _ACTIVE
         if self._core.state is GroupState.SHUTDOWN:
             return
+        if self._core.taken_by:
+            raise GroupError(self._core.taken_by)
         if self._monitor is not None:
             self._monitor.stop()
         teardown(self._core)
+        if self._survival is not None:
+            self._survival.end("shut down by its driver")
         self._core.transition(GroupState.SHUTDOWN)
-        if _ACTIVE is self:
-            _ACTIVE = None
+        leave(self)
 
     def __repr__(self) -> str:
         return (f"WorkerGroup(name={self.name!r}, workers={self.num_workers}, backend={self.backend!r}, "

@@ -58,7 +58,7 @@ def share_cpus(config: GroupConfig, count: int) -> GroupConfig:
     import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
     per = float(config.cpus_per_worker)
-    if not cluster.started_by_us() or per == 0:
+    if not (cluster.started_by_us() or cluster.on_shared_instance()) or per == 0:
         return config
     have = float(ray.cluster_resources().get("CPU", 0.0))
     asked = per * count
@@ -99,7 +99,7 @@ def _await_unbounded(ready_ref: Any, what: str) -> bool:
         slice_s = UNBOUNDED_SAY_EVERY_S
 
 
-def reserve(config: GroupConfig, count: int, timeout_s: Optional[float]) -> Any:
+def reserve(config: GroupConfig, count: int, timeout_s: Optional[float], detached: bool = False) -> Any:
     """Create a ready placement group of ``count`` bundles, or raise within ``timeout_s``.
 
     ``timeout_s=None`` waits as long as the caller lives (a group inside a Ray Tune trial, where Tune
@@ -114,7 +114,8 @@ def reserve(config: GroupConfig, count: int, timeout_s: Optional[float]) -> Any:
 
     check_cluster(config, count)
     bundle = config.placement_bundle()
-    pg = placement_group([dict(bundle) for _ in range(count)], strategy=config.placement_strategy)
+    pg = placement_group([dict(bundle) for _ in range(count)], strategy=config.placement_strategy,
+                         lifetime="detached" if detached else None)  # a keep-alive group's outlives its driver
     remove_with_caller(pg)  # made inside an actor (a Tune trial): removed when that actor dies, whatever stops it
     what = f"resources for {count} workers x ({_fmt(bundle)}), strategy {config.placement_strategy}"
     try:
