@@ -20,6 +20,8 @@ from the dashboard's timer thread is a ``comm_msg`` too.
 18c. (diagnostic) the no-op magic cell over the plain cell plus the floor, per round: the median ratio and its
      95 % bootstrap interval.
 18d. (diagnostic) the no-op magic cell's time and iopub messages, beside the plain cell, ``group.run`` and the floor.
+18f. ``group.run("pass")`` in the kernel, dashboard shown, over the floor (a no-op method on the same ``Worker``
+     actors), per round: the median ratio, with its 95 % bootstrap interval. Target < 1.5x.
 18e. (diagnostic) 18a again after the dashboard is closed (half the rounds, same kernel): what the shown
      dashboard still costs a cell is the difference.
 """
@@ -151,6 +153,8 @@ def figures(m: Dict[str, Any]) -> List[Figure]:
     t, n = m["times"], m["rounds"]
     over = _overhead(m)
     ratio = [mg / (pl + fl) for mg, pl, fl in zip(t["magic"], t["plain"], m["floor"])]
+    run_ratio = [run / fl for run, fl in zip(m["runs"], m["floor"])]
+    rr_lo, rr_hi = median_ci(run_ratio)
     s = {"magic": stats(t["magic"]), "plain": stats(t["plain"]), "run": stats(m["runs"]),
          "floor": stats(m["floor"]), "over": stats(over), "ratio": stats(ratio)}
     o_lo, o_hi = median_ci(over)
@@ -167,6 +171,7 @@ def figures(m: Dict[str, Any]) -> List[Figure]:
     print(f"  magic - plain - group.run: {fmt_stats(s['over'], 1e3, 'ms')}; 95% CI of the median "
           f"{o_lo * 1e3:.2f}..{o_hi * 1e3:.2f} ms")
     print(f"  magic / (plain + floor): median {s['ratio']['median']:.2f}, 95% CI {r_lo:.2f}..{r_hi:.2f}")
+    print(f"  group.run / floor: median {stats(run_ratio)['median']:.2f}, 95% CI {rr_lo:.2f}..{rr_hi:.2f}")
     print(f"  iopub messages per magic cell {per_magic}; per plain cell {per_plain}")
     print(f"  widget messages (comm_msg) in {2 * n} no-op group cells: {widget}; cells that ran over "
           f"{SHOWN_S * 1e3:.0f} ms (shown as running, by design): {slow}")
@@ -184,6 +189,10 @@ def figures(m: Dict[str, Any]) -> List[Figure]:
         Figure("18c", "diagnostic: no-op magic cell / (plain cell + Worker.ping floor)", s["ratio"]["median"], "x",
                "info", 1.0, spread=f"95% CI of the median {r_lo:.2f}..{r_hi:.2f}, n={n}",
                note=f"floor {ms('floor'):.2f} ms", detail={"ratio": ratio}),
+        Figure("18f", "group.run('pass') in a kernel, dashboard shown / Worker.ping floor (median)",
+               stats(run_ratio)["median"], "x", "<", 1.5, spread=f"median {stats(run_ratio)['median']:.2f}, 95% CI {rr_lo:.2f}..{rr_hi:.2f}"
+               f", n={n}", note=f"group.run {ms('run'):.2f} ms, floor {ms('floor'):.2f} ms",
+               detail={"ratio": run_ratio}),
         Figure("18d", "diagnostic: no-op %%distributed cell in a kernel, dashboard shown", ms("magic"), "ms", "info",
                ms("plain") + ms("run") + 2.0, spread=f"IQR {s['magic']['q1'] * 1e3:.1f}..{s['magic']['q3'] * 1e3:.1f}",
                note=f"iopub messages per cell: magic {sum(per_magic.values()):.1f}, "

@@ -21,6 +21,7 @@ from .cellwatch import CellWatch
 from .debug import Prompt
 from .collectives import tell_finished
 from .fanout import FANOUT, Replies, ReplyKind, classify, death_of
+from .nodepoll import poll_ranks
 from .slots import Slot
 from .state import SlotState
 
@@ -185,14 +186,26 @@ class Dispatch:
             self.core.mark_dead(slot.actor, cause)
 
     def _poll(self) -> None:
-        replies = self._ask(list(self.pending.values()), lambda s: s.actor.poll.remote(), timing.CONTROL_CALL_S,
-                            "the running ranks' output")
+        polls = poll_ranks(self.core, list(self.pending.values()),  # a node's ranks through one of them
+                           lambda ranks: self._ask(ranks, lambda s: s.actor.poll.remote(), timing.CONTROL_CALL_S,
+                                                   "the running ranks' output"))
+        self.take_polls(polls)
+
+    def take_polls(self, polls: Dict[int, Dict[str, Any]]) -> None:
+        """One round of the running ranks' polls (``{rank: Worker.poll()}``): output to the sink, metrics to the
+        core, resources and debugger prompts to the watch (the driver's whole path, which a load test feeds)."""
         waiting = {}
-        for rank, polled in replies.values().items():  # a dead rank's run result reports its death
-            self._emit(rank, polled["outputs"], polled["metrics"])
+        metrics: List[Dict[str, Any]] = []
+        for rank, polled in polls.items():  # a dead rank's run result reports its death
+            self._emit(rank, polled["outputs"], [])
+            if polled["metrics"]:
+                self.watch.heard()
+                metrics.extend(polled["metrics"])
             self.watch.polled(rank, polled)
             if polled.get("collective"):
                 waiting[rank] = polled["collective"]
+        if metrics:  # the round's reports in one call: the core, the slow-rank check and each observer once
+            self.core.record_metrics(metrics)
         if waiting and self.results:  # ranks wait in a collective for peers whose call already ended
             tell_finished(self._slot(0).actor, self.results, waiting, self._told)
         self.watch.round_done()

@@ -8,6 +8,7 @@ slowest: there the slow rank shows in ``%dist_where``, the others waiting for it
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import statistics
 import threading
@@ -80,11 +81,11 @@ class Vitals:
         """Every rank against its peers, whatever order their reports came in: slow when each of its last
         ``slow_reports`` step times is above ``slow_factor`` times the median of its peers' typical step time."""
         typical = {r: statistics.median(times) for r, times in self._recent.items() if times}
+        ordered = sorted(typical.values())  # each rank's peers' median from it: O(N log N) a round, not O(N^2)
         for rank, times in self._recent.items():
-            peers = [t for r, t in typical.items() if r != rank]
-            if not peers or len(times) < self.slow_reports:
+            if len(ordered) < 2 or len(times) < self.slow_reports:
                 continue
-            median = statistics.median(peers)
+            median = _median_without(ordered, typical[rank])
             if median > 0 and all(t > self.slow_factor * median for t in times):
                 self.slow.add(rank)
             else:
@@ -107,6 +108,16 @@ class Vitals:
     def slow_ranks(self) -> List[int]:
         with self._lock:
             return sorted(self.slow)
+
+
+def _median_without(ordered: List[float], value: float) -> float:
+    """The median of sorted ``ordered`` without one occurrence of ``value`` (which it holds)."""
+    gone = bisect.bisect_left(ordered, value)
+    n = len(ordered) - 1
+
+    def at(k: int) -> float:  # the k-th of what is left
+        return ordered[k] if k < gone else ordered[k + 1]
+    return (at((n - 1) // 2) + at(n // 2)) / 2
 
 
 def size(n: Optional[float]) -> str:

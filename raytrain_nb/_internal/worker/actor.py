@@ -31,6 +31,7 @@ from .display import WorkerDisplay
 from .forming import FormingWorker
 from .inspecting import CONTROL_METHODS as INSPECTING_CALLS
 from .inspecting import InspectingWorker
+from .node_poll import NodePeers
 from .framework import call_in, release_current
 from .outcome import CellOutcome, pickle_exception
 from .session import WorkerSession
@@ -64,6 +65,7 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWor
         self.namespace["display"] = self._display.display
         self._cells = CellThread()
         self._lock = threading.Lock()
+        self._node_peers = NodePeers()  # the leader's side of a node's combined poll
         self._in_user = False
         self._interrupt_pending = False
         self._interrupted = False
@@ -319,6 +321,11 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWor
             **self._inspect_poll(),
         }
 
+    def poll_node(self, ranks: Sequence[int], handles: Optional[Dict[int, Any]] = None) -> Dict[int, Dict[str, Any]]:
+        """:meth:`poll` of ``ranks`` of this node (this one among them) in one reply (``node_poll.py``);
+        ``handles``: the peers' actor handles, sent once."""
+        return self._node_peers.poll(self.rank, self.poll, ranks, handles)
+
     def activity(self) -> Dict[str, Any]:
         """What the cell thread does now: ``{"call": "_join"|"_setup"|"_run_cell"|...|None, "phase": ...,
         "preparing": ...}`` (the driver checks that every rank it waits for in a collective step is in that
@@ -362,8 +369,8 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWor
         return {"rank": self.rank, "state": "stuck", "stack": self.stack()}
 
 
-CONTROL_METHODS = ("ping", "poll", "activity", "release", "stack", "interrupt", "request_snapshot", "cancel_snapshot",
-                   "snapshot_wait", "pull") + COLLECTIVE_CALLS + INSPECTING_CALLS  # pull: works while a cell runs
+CONTROL_METHODS = ("ping", "poll", "poll_node", "activity", "release", "stack", "interrupt", "request_snapshot",
+                   "cancel_snapshot", "snapshot_wait", "pull") + COLLECTIVE_CALLS + INSPECTING_CALLS  # pull: works while a cell runs
 for _name in CONTROL_METHODS:  # what ray.method(concurrency_group="control") sets
     getattr(Worker, _name).__ray_concurrency_group__ = "control"
 Worker.watch.__ray_concurrency_group__ = "monitor"
