@@ -130,8 +130,11 @@ def test_v2_shapes_exist_as_ray_train_builds_them():
     config = ValidationConfig(lambda checkpoint, **kw: {"acc": 1.0}, ValidationTaskConfig({"split": "val"}))
     assert config.task_config.fn_kwargs == {"split": "val"} and config.ray_remote_kwargs == {}
     assert [m.name for m in CheckpointConsistencyMode] == ["COMMITTED", "VALIDATED"]
-    refused(lambda: raytrain_nb.DataParallelTrainer(lambda: None, validation_config=config),
-            r"DataParallelTrainer\(validation_config=\.\.\.\).*validate in the training loop")
+    assert raytrain_nb.DataParallelTrainer(lambda: None, validation_config=config).validation_config is config
+    with pytest.raises(raytrain_nb.ConfigError, match=r"validation_config=.*ValidationConfig\(fn\)"):
+        raytrain_nb.DataParallelTrainer(lambda: None, validation_config=print)
+    with pytest.raises(ValueError, match=r"timeout_s=0.*None \(no timeout\)"):
+        ValidationTaskConfig(timeout_s=0)
     refused(lambda: raytrain_nb.DataParallelTrainer.restore("/runs/x"), r"restore\(\).*same RunConfig\(name=")
     refused(raytrain_nb.DataParallelTrainer.can_restore, r"can_restore\(\)")
 

@@ -282,8 +282,9 @@ class CheckpointManager:
         reported = [e for e in self._entries if e.kind == "reported"]
         if self.num_to_keep is None or latest.kind != "reported" or len(reported) <= self.num_to_keep:
             return []
-        ranked = sorted(reported, key=self._rank_key, reverse=True)
-        return [e for e in ranked[self.num_to_keep:] if e is not latest]
+        ranked = sorted(reported, key=self._rank_key, reverse=True)  # pending a validation: kept until it is ranked
+        return [e for e in ranked[self.num_to_keep:] if e is not latest and (e.validation or {}).get("status")
+                != "pending"]
 
     def _remove_dir(self, entry: CheckpointEntry) -> None:
         """Delete an entry's directory, only if it is one of ours: directly inside the run, committed."""

@@ -51,6 +51,7 @@ class RunStorage:
         #: ``on_commit(entry, validation)`` after a reported checkpoint is committed (validation: what rank 0's
         #: report(validation=...) asked, or None); set by the validations' owner
         self.on_commit: Optional[Callable[[CheckpointEntry, Any], None]] = None
+        self.validator: Any = None  # the run's validations (group/validations.py), when it has a function
         self.recover()  # what an earlier kernel or attempt left: committed if every rank reported it
         clean_leftovers(self.url)  # interrupted writes and deletes of earlier processes
 

@@ -285,7 +285,9 @@ def prepare_new(core: "GroupCore", formation: "Formation",
     spent importing what it starts with (torch), by its own clock."""
     # The run directory first: report(checkpoint=...) and get_checkpoint() work on a new rank too.
     slots = core.slots
-    core.collect([slots[r].actor.set_storage.remote(core.run_storage.url) for r in ranks], CONTROL_START_S, "start")
+    validates = core.run_storage.validator is not None  # report(validation=...) allowed
+    core.collect([slots[r].actor.set_storage.remote(core.run_storage.url, validates) for r in ranks], CONTROL_START_S,
+                 "start")
     infos = formation.contexts()
     addr = slots[0].info.get("node_ip", "127.0.0.1")
     refs = [slots[r].actor.setup.remote(infos[r].context(core.name), infos[r].env(addr, 0),

@@ -62,8 +62,9 @@ class Formation:
                 spare.actor.warm.remote()
             core.slots.assign(self.order([self.spawn(pg, i) for i in range(n)]))
             self.rendezvous("setup")
-            core.collect([s.actor.set_storage.remote(core.run_storage.url) for s in core.slots], CONTROL_START_S,
-                         "start")
+            validates = core.run_storage.validator is not None  # report(validation=...) allowed
+            core.collect([s.actor.set_storage.remote(core.run_storage.url, validates) for s in core.slots],
+                         CONTROL_START_S, "start")
             core.run_storage.check_shared(check_storage, n)
         except BaseException:
             teardown(core)

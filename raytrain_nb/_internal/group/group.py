@@ -20,7 +20,7 @@ from ..checkpoint.run_storage import RunStorage
 from ..errors import GroupError
 from ..output import OutputSink, TextSink
 from ..worker.checkpointing import read_storage_marker
-from . import liveness, tracking
+from . import liveness, tracking, validations
 from .active import active_group, leave, make_active
 from .attach import alive_groups, claim
 from .config import GroupConfig
@@ -280,6 +280,11 @@ class WorkerGroup:
     def track(self, tracker: Any = "mlflow", **options: Any) -> Any:
         """Log this group's reports, pushed values and rollbacks to its run's tracked run (:func:`.tracking.track`)."""
         return tracking.track(self._core, tracker, options)
+
+    def validation(self, fn: Any, task_config: Any = None, ray_remote_kwargs: Any = None) -> None:
+        """Validate the checkpoints cells report with ``validation=True`` in Ray tasks of their own: ``fn(checkpoint,
+        **kwargs) -> metrics`` or a ``ValidationConfig`` (Ray Train's; :mod:`.validations`)."""
+        validations.attach_to_group(self._core, fn, task_config, ray_remote_kwargs)
 
     # -- checkpoints -----------------------------------------------------------------------
 

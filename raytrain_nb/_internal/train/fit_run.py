@@ -19,7 +19,7 @@ from ..errors import (ConfigError, GroupError, ResourceError, RunInUseError, Wor
                       format_ranks, merge_failures)
 from ..group.config import GroupConfig
 from ..group.datasets import attach, ensure_fresh
-from ..group import policy
+from ..group import policy, validations
 from ..group.group import WorkerGroup
 from . import elastic
 from .callbacks import CallbackRunner, TrainRunContext
@@ -132,6 +132,8 @@ class FitRun:
                         raise
                     n -= 1
         group.subscribe_metrics(self.collector.on_records)
+        if getattr(self.t, "validation_config", None) is not None:
+            group.validation(self.t.validation_config)
         if self.t.datasets:
 
             attach(group, self.t.datasets, self.t.dataset_config)
@@ -201,6 +203,7 @@ class FitRun:
         cluster.connect()
         try:
             value = self._attempts(started)
+            self._wait_validations()
         except (TrainingFailedError, ConfigError, RunInUseError):  # the user's to fix, named as it is
             raise
         except Exception as exc:  # the run's own machinery failed, not the workers: Ray Train V2's ControllerError
@@ -214,6 +217,13 @@ class FitRun:
             if self.group is not None:
                 self.group.shutdown()
         return self._result(None, load_return_value(value))
+
+    def _wait_validations(self) -> None:
+        """Before ``fit()`` returns: every pending validation ends (recorded on its checkpoint), as in Ray Train."""
+        found = validations.of(self.group.run_storage) if self.group is not None else None
+        if found is not None and found.pending():
+            self._notice(f"waiting for {found.pending()} validation(s) of reported checkpoints")
+            found.wait()  # no deadline: each validation has its own timeout_s (None: as the user's function takes)
 
     def _attempts(self, started: float) -> Optional[bytes]:
         """Run attempts until one succeeds; rank 0's pickled return value."""

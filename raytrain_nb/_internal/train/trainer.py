@@ -29,6 +29,7 @@ from ..errors import ConfigError, GroupError
 from ..group.datasets import check_datasets
 from ..validate import fail, not_supported
 from ..worker import framework as frameworks
+from ..worker.report_api import ValidationConfig
 from .autoinit import install
 from .config import BackendConfig, DataConfig, RunConfig, ScalingConfig, TorchConfig
 from .fit_run import FitRun, storage_path_for
@@ -51,15 +52,14 @@ RESUME = ("create the trainer again with the same RunConfig(name=..., storage_pa
           "newest checkpoint")
 
 
-def refuse_validation(cls: str, validation_config: Any) -> None:
-    """Refuse Ray Train's ``validation_config`` (validation of reported checkpoints in tasks of their own).
+def check_validation(cls: str, validation_config: Any) -> None:
+    """Check Ray Train's ``validation_config`` (validation of reported checkpoints in tasks of their own).
 
     Raises:
-        NotSupportedError: when it is set, naming what to do instead.
+        ConfigError: it is not a ``ValidationConfig``.
     """
-    if validation_config is not None:
-        raise not_supported(f"{cls}(validation_config=...) (validating reported checkpoints in tasks of their "
-                            "own)", "validate in the training loop and report its metrics with the checkpoint")
+    if validation_config is not None and not isinstance(validation_config, ValidationConfig):
+        fail(cls, "validation_config", validation_config, "pass raytrain_nb.ValidationConfig(fn)")
 
 
 def _check_type(cls: str, field: str, value: Any, kind: type, hint: str) -> None:
@@ -83,7 +83,8 @@ class DataParallelTrainer:
         resume_from_checkpoint: what ``get_checkpoint()`` returns until the run has a
             checkpoint of its own (Ray Train V2 refuses it).
         metadata: a dict every worker reads with ``get_context().get_metadata()`` (Ray Train V2 refuses it).
-        validation_config: Ray Train's validation of reported checkpoints: not supported yet (raises when set).
+        validation_config: a ``ValidationConfig``: ``report(..., validation=True)`` validates that checkpoint with its
+            function in a Ray task apart from the workers; ``fit()`` waits for pending validations.
         backend: ``"gloo"``, ``"nccl"`` or ``"none"``: a shorthand for ``backend_config`` (not in Ray Train).
 
     Raises:
@@ -100,7 +101,8 @@ class DataParallelTrainer:
                  resume_from_checkpoint: Optional[Any] = None, metadata: Optional[Dict[str, Any]] = None,
                  validation_config: Optional[Any] = None, backend: Optional[str] = None) -> None:
         cls = type(self).__name__
-        refuse_validation(cls, validation_config)
+        check_validation(cls, validation_config)
+        self.validation_config = validation_config
         self.with_config = takes_config(train_loop_per_worker)
         if train_loop_config is not None and not isinstance(train_loop_config, dict):
             fail(cls, "train_loop_config", train_loop_config, "pass a dict")
