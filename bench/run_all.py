@@ -62,10 +62,10 @@ def _memory_figures(quick: bool) -> List[Figure]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="", help="comma-separated section numbers (1-20)")
+    parser.add_argument("--only", default="", help="comma-separated section numbers (1-21)")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     args = parser.parse_args()
-    only = {int(x) for x in args.only.split(",") if x.strip()} or set(range(1, 21))
+    only = {int(x) for x in args.only.split(",") if x.strip()} or set(range(1, 22))
 
     started = time.time()
     load_start = loadavg()
@@ -146,7 +146,8 @@ def main() -> int:
                                    (17, "bench_worker_start", {"quick": args.quick}),
                                    (18, "bench_kernel", {"quick": args.quick}),
                                    (19, "bench_inspect", {"quick": args.quick}),
-                                   (20, "bench_tracking", {"quick": args.quick})):
+                                   (20, "bench_tracking", {"quick": args.quick}),
+                                   (21, "bench_scale", {"quick": args.quick})):
         if number in only and os.path.exists(os.path.join(BENCH_DIR, module + ".py")):
             attempt(module, lambda m=module, kw=kwargs: __import__(m).run(**kw))
 
