@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # torch_data.py first: its ray.data call starts Ray implicitly, which must give the quiet embedded instance
 EXAMPLES = ["torch_data.py", "torch_quickstart.py", "torch_fault_tolerance.py", "torch_collective.py",
             "torch_configs_v2.py", "transformers_torch_trainer.py", "tune_torch.py", "local_mode.py",
-            "results_and_errors.py"]
+            "results_and_errors.py", "torch_checkpoints_v2.py"]
 _IMPORT = re.compile(r"^\s*((import|from)\s+ray\.(train|tune\.integration\.ray_train)\b|from ray import train\s*$)")
 
 
@@ -76,7 +76,7 @@ def test_ray_train_examples_run_after_the_import_change(tmp_path):
     out = proc.stdout
     assert proc.returncode == 0, (out[-3000:], proc.stderr[-5000:])
     for marker in ("QUICKSTART OK", "DATA OK", "FAULT TOLERANCE OK", "COLLECTIVE OK", "TRANSFORMERS OK", "TUNE OK",
-                   "LOCAL MODE OK", "WORKER GROUP ERROR OK", "CONFIGS V2 OK"):
+                   "LOCAL MODE OK", "WORKER GROUP ERROR OK", "CONFIGS V2 OK", "CHECKPOINTS V2 OK"):
         assert marker in out
     # worker output carries its rank; progress goes to stderr, one line per report
     assert "[rank 0] {'epoch': 2" in out, out[-3000:]

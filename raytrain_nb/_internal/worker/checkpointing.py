@@ -35,7 +35,8 @@ class CheckpointingWorker:
         self._report_base = 0
         self._partial = False  # the running cell runs on some ranks only: no reported checkpoints
         self._ledger: Optional[reported.ReportLedger] = None  # this rank's record of its reports
-        self._dir_names: Set[str] = set()  # checkpoint_dir_name values this rank used in the run
+        self._dir_names: Set[str] = set()  # checkpoint_dir_name values this rank used in this cell (or attempt)
+        self._names_base = -1  # the report base of the cell they were used in
         self._snap_lock = threading.Lock()
         self._snap_future: Optional["concurrent.futures.Future[Dict[str, Any]]"] = None
         self._snap_request: Optional[tuple] = None
@@ -75,6 +76,8 @@ class CheckpointingWorker:
         if self._partial:
             raise RuntimeError("report(checkpoint=...) needs every rank: this cell runs on some ranks only "
                                "(--ranks / ranks=); run it on the whole group")
+        if self._names_base != self._report_base:  # a new cell or attempt: earlier names are directories by now
+            self._dir_names, self._names_base = set(), self._report_base
         return uploads_plan.plan(self._run_url, self.report_name(index), self.rank, get_context().get_world_size(),
                                  checkpoint, metrics, options, self._dir_names)
 
