@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test tracking-test tutorials demo bench soak binder-check badges clean
+.PHONY: venv test tracking-test survive-test tutorials demo bench soak binder-check badges clean
 
 # uv installs the same pins as pip in about a third of the time (parallel downloads and unpacking), compiling
 # bytecode as pip does; it reads no pip configuration, so pip's find-links (the local CPU torch wheel) are passed
@@ -26,7 +26,7 @@ venv: $(STAMP)
 # there (a Tune trial of the Ray Train examples), the one run here (Ctrl-C while a group waits for resources).
 LANES ?= 1
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/tracking $(if $(filter-out 1,$(LANES)),-n $(LANES) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/tracking --ignore=tests/survive $(if $(filter-out 1,$(LANES)),-n $(LANES) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 
 # Experiment tracking's tests (tests/tracking: a real `mlflow server` on 127.0.0.1, W&B offline), outside `make test`
 # (the installs and the server are heavy): the [mlflow] and [wandb] extras go into .venv, MLflow's full package (its
@@ -39,6 +39,11 @@ tracking-test: $(STAMP)
 	    && { $(PY) -m uv pip install -q --python $(MLFLOW_SERVER_VENV)/bin/python -c constraints.txt mlflow \
 	         || $(MLFLOW_SERVER_VENV)/bin/pip install -q -c constraints.txt mlflow; }; }
 	MLFLOW_SERVER_EXE=$(MLFLOW_SERVER_VENV)/bin/mlflow $(PY) -m pytest -q -p no:cacheprovider tests/tracking $(PYTEST_ARGS)
+
+# Groups that outlive their kernel (tests/survive: real kernels restarted, SIGKILLed and contending, each round trip
+# starting the shared instance its supervisor runs): outside `make test`, about 3-4 minutes. CI runs it after the soak.
+survive-test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests/survive $(PYTEST_ARGS)
 
 tutorials: $(STAMP)
 	RAYTRAIN_NB_TUTORIALS=1 $(PY) -m pytest -q -p no:cacheprovider tests/notebook/test_tutorials.py $(PYTEST_ARGS)

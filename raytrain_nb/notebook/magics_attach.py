@@ -10,6 +10,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from .._internal.durations import format_duration
 from .._internal.group.group import WorkerGroup
 from . import ui
+from .routing import BackgroundSink, CellRoute
 from .magic_args import call, need_group
 
 
@@ -70,7 +71,8 @@ class AttachMagics(Magics):
             if len(rows) > 1:
                 print(format_groups(rows))
         started = time.perf_counter()
-        group = call(WorkerGroup.attach, args.run, steal=args.steal, address=args.address)
+        sink = BackgroundSink(CellRoute())  # a cell still running there: its output goes on in this cell
+        group = call(WorkerGroup.attach, args.run, steal=args.steal, address=args.address, sink=sink)
         dead = [str(r) for r, s in enumerate(group.slots) if s.gone]
         print(f"raytrain_nb: attached group {group.name} ({group.num_workers} workers, {len(group.history)} cells "
               f"ran) in {time.perf_counter() - started:.1f} s" + (f", {group.attach_note}" if group.attach_note else ""))

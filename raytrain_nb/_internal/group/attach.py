@@ -20,6 +20,7 @@ from ..checkpoint.lease import LEASE_FILE
 from ..checkpoint.run_storage import RunStorage
 from ..checkpoint.storage import join, resolve
 from ..errors import GroupError
+from .adopted import adopt
 from .core import METRICS_HISTORY, GroupCore
 from .custodian import PREFIX
 from .fanout import FANOUT
@@ -30,6 +31,8 @@ from .survival import new_owner
 from .timing import CONTROL_CALL_S, PING_S
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["adopt", "alive_groups", "claim", "connect", "custodians"]
 
 
 def connect(address: Optional[str]) -> None:

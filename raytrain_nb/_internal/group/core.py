@@ -95,6 +95,8 @@ class GroupCore:
         self._cell_seq = 0
         #: why this driver no longer drives the group ("" while it does): detached, or taken over (``survival.py``)
         self.taken_by = ""
+        #: asks, before each command, whether another driver took the group over (a keep-alive group's custodian)
+        self.owner_check: Callable[[], str] = lambda: ""
 
     @property
     def name(self) -> str:
@@ -179,7 +181,7 @@ class GroupCore:
 
     def check_not_running(self) -> None:
         """Raise unless the group can take a command now (driven from here, not shut down, no cell running)."""
-        if self.taken_by:
+        if self.taken_by or self.owner_check():
             raise GroupError(self.taken_by)
         if self.state is GroupState.SHUTDOWN:
             raise GroupError("this group was shut down: start a new one (a new %%distributed cell)")

@@ -11,13 +11,14 @@ of the shared instance (``supervisor.py``) stops the instance once no custodian 
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
 import time
 from typing import Any, Dict, List, Optional
 
-from ..checkpoint.lease import RunLease
+from ..checkpoint.lease import LEASE_FILE, RunLease
 from ..checkpoint.storage import join, resolve
 
 logger = logging.getLogger(__name__)
@@ -183,6 +184,17 @@ class Custodian:
                                  f"(no driver since {time.strftime('%H:%M:%S', time.gmtime(self.detached_at))} UTC)",
                                  stop_workers=True)
 
+    def _drop_owners_lease(self) -> None:
+        """The lease its last driver left (not taken yet: that process was not reaped): the run has no writer now."""
+        fs, path = resolve(self.url)
+        lease = join(path, LEASE_FILE)
+        try:
+            held = json.loads(fs.cat_file(lease).decode() or "{}")
+            if held.get("pid") == self.owner.get("pid") and held.get("host") == self.owner.get("host"):
+                fs.rm_file(lease)
+        except Exception as exc:  # noqa: BLE001 - none, or another writer's: left as it is
+            logger.debug("the lease of %s stays: %s", self.run, exc)
+
     def _finish(self, reason: str, stop_workers: bool) -> None:
         import ray  # ray: this runs in a Ray actor
         from ray.util.placement_group import remove_placement_group  # ray: as above
@@ -202,6 +214,8 @@ class Custodian:
         if self.lease is not None:
             self.lease.release()
             self.lease = None
+        elif stop_workers:
+            self._drop_owners_lease()
         log_event(self.url, f"group {self.run} {reason}")
         threading.Thread(target=_exit_soon, daemon=True).start()
 

@@ -22,7 +22,7 @@ from ..output import OutputSink, TextSink
 from ..worker.checkpointing import read_storage_marker
 from . import liveness, tracking, validations
 from .active import active_group, leave, make_active
-from .attach import alive_groups, claim
+from .attach import adopt, alive_groups, claim
 from .config import GroupConfig
 from .core import GroupCore, Settings
 from .debug import post_mortem
@@ -118,13 +118,14 @@ class WorkerGroup:
 
     @classmethod
     def attach(cls, run: Optional[str] = None, *, steal: bool = False, address: Optional[str] = None,
-               heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S) -> "WorkerGroup":
+               heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S, sink: Optional[OutputSink] = None
+               ) -> "WorkerGroup":
         """Take over a keep-alive group that outlived its kernel (``%dist_attach``; the only one alive unless ``run``
         names one); GroupError while its owner kernel is alive unless ``steal``. It becomes the active group."""
         core, custodian, owner, note = claim(run, steal, address)
         self = cls.__new__(cls)  # built from the claimed core, not formed: __init__ would start new workers
         self._assemble(core, heartbeat_timeout_s, True, (custodian, owner))
-        self.attach_note = note
+        self.attach_note = adopt(self, core, sink, note)  # a cell still running there goes on as a background one
         return self
 
     alive_groups = staticmethod(alive_groups)  # every keep-alive group alive here (``%dist_groups``)

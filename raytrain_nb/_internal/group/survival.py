@@ -81,6 +81,7 @@ class Survival:
         self.send()
         ray.get(self.custodian.beat.remote(self.owner["token"], False), timeout=60)  # it is up: checked once
         core.subscribe(self._settled)
+        core.owner_check = self.check
         self._thread = threading.Thread(target=self._beat, name="rtnb-survival", daemon=True)
         self._thread.start()
 
@@ -137,6 +138,23 @@ class Survival:
                 self.core.taken_by = said
                 logger.warning("%s", said)
                 return
+
+    def check(self) -> str:
+        """Ask the custodian now whether this driver still owns the group (before a command: ~2 ms); sets and
+        returns ``core.taken_by`` when not. A custodian that does not answer in time is not taken as a refusal."""
+        import ray  # ray: loaded when a group runs
+
+        if self._stop.is_set():
+            return self.core.taken_by
+        try:
+            said = ray.get(self.custodian.beat.remote(self.token, self.core.state is GroupState.RUNNING),
+                           timeout=CONTROL_CALL_S)
+        except Exception as exc:  # noqa: BLE001 - gone: the heartbeat thread says so; slow: the command goes on
+            logger.debug("ownership check of %s: %s", self.core.name, exc)
+            return self.core.taken_by
+        if said:
+            self.core.taken_by = said
+        return said
 
     def stop(self) -> None:
         self._stop.set()

@@ -70,6 +70,7 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWor
         self._interrupt_pending = False
         self._interrupted = False
         self._running: Optional[str] = None
+        self._last_outcome: Optional[CellOutcome] = None
         self._done = threading.Event()
         self._done.set()
         self.pg = process_group_state()
@@ -196,6 +197,7 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWor
                 result.forwards = self.pg.forwards
                 result.interrupted = self._interrupted
                 result.pg_broken = self.pg.broken
+                self._last_outcome = result  # for a driver that attached while the cell ran (its caller is gone)
                 self._done.set()
         return result
 
@@ -325,6 +327,12 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWor
         """:meth:`poll` of ``ranks`` of this node (this one among them) in one reply (``node_poll.py``);
         ``handles``: the peers' actor handles, sent once."""
         return self._node_peers.poll(self.rank, self.poll, ranks, handles)
+
+    def last_outcome(self) -> Optional[CellOutcome]:
+        """The last cell's outcome (its last output and reports too), once: for a driver that attached while it ran."""
+        with self._lock:
+            outcome, self._last_outcome = self._last_outcome, None
+        return outcome
 
     def activity(self) -> Dict[str, Any]:
         """What the cell thread does now: ``{"call": "_join"|"_setup"|"_run_cell"|...|None, "phase": ...,
