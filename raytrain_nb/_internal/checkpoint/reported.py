@@ -137,6 +137,11 @@ def pending_names(run_url: str) -> List[str]:
     return sorted(names)
 
 
+def uploads_in_progress(run_url: str) -> List[str]:
+    """The directory names of reported checkpoints being uploaded now (not committed, markers present)."""
+    return [staging_of(run_url, name).final_path.rsplit("/", 1)[-1] for name in pending_names(run_url)]
+
+
 def discard(staged: StagedDir) -> None:
     """Remove an uncommitted reported checkpoint: its staged files and its markers."""
     fs = staged.fs

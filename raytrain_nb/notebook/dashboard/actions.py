@@ -8,9 +8,11 @@ Button  -> method (magic): Checkpoint -> ``checkpoint()`` (``%dist_checkpoint``)
 """
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
+from ..._internal.checkpoint.reported import uploads_in_progress
 from .model import format_metrics, n_workers
 
 LABELS = {"checkpoint": "Checkpoint", "rollback": "Rollback", "restart": "Restart dead workers",
@@ -50,14 +52,47 @@ def act(group: Any, name: str, checkpoint: Optional[str] = None, workers: int = 
     raise ValueError(f"unknown button {name!r}: one of {', '.join(LABELS)}")
 
 
+#: How the list shows a reported checkpoint's validation (``report(validation=...)``).
+VALIDATION = {"pending": "validating…", "validated": "validated", "timeout": "validation timed out",
+              "failed": "validation failed"}
+
+
+@dataclasses.dataclass
+class Uploading:
+    """A row of the checkpoint list for a reported checkpoint still uploading (an ASYNC report): not committed yet."""
+
+    name: str
+    kind: str = "reported"  # never rolled back (Rollback takes snapshots)
+    step: Optional[int] = None
+    metrics: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    time: float = 0.0
+    uploading: bool = True
+
+
+def checkpoint_rows(group: Any) -> List[Any]:
+    """The run's checkpoints, then the reported ones still uploading, for the list (oldest first)."""
+    entries = list(group.checkpoints())
+    try:
+        pending = uploads_in_progress(group.run_storage.url)
+    except Exception:  # noqa: BLE001 - the committed list still shows
+        pending = []
+    names = {e.name for e in entries}
+    return entries + [Uploading(name) for name in pending if name not in names]
+
+
 def entry_label(e: Any) -> str:
-    """``name · kind · step N · metrics · time`` for the checkpoint list."""
+    """``name · kind · step N · metrics · validation · time`` for the checkpoint list (``uploading…`` while it is)."""
+    if getattr(e, "uploading", False):
+        return f"{e.name} · reported · uploading…"
     parts = [e.name, e.kind]
     if e.step is not None:
         parts.append(f"step {e.step}")
     metrics = format_metrics(e.metrics or {}, limit=40)
     if metrics:
         parts.append(metrics)
+    status = (getattr(e, "validation", None) or {}).get("status")
+    if status in VALIDATION:
+        parts.append(VALIDATION[status])
     parts.append(time.strftime("%H:%M:%S", time.localtime(e.time)))
     return " · ".join(parts)
 

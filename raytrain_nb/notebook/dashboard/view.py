@@ -23,7 +23,7 @@ import ipywidgets as w
 from ..ratecap import MessageBudget
 from ..routing import current_parent
 from ..view_helpers import state_badge
-from .actions import ICONS, LABELS, STYLES, act, show_entries
+from .actions import ICONS, LABELS, STYLES, act, checkpoint_rows, show_entries
 from .cellhook import after_every_cell
 from .clicks import click_guard
 from .large import SummaryPanel
@@ -332,7 +332,7 @@ class Dashboard:
 
     def _read_checkpoints(self) -> Optional[List[Any]]:
         try:
-            return list(self.group.checkpoints())
+            return checkpoint_rows(self.group)  # with the reported ones still uploading
         except Exception as exc:  # noqa: BLE001 - e.g. storage gone; say so in the widget
             self._say(f"cannot list the checkpoints: {exc}", error=True)
             return None
