@@ -101,14 +101,17 @@ class HealthMonitor:
                 except Exception as exc:  # noqa: BLE001
                     self.core.mark_dead(actor, str(exc)[:300])
         now = time.monotonic()
+        pings = {self._pings[a][0]: a for a in actors if a in self._pings}
+        answered = set()
+        if pings:  # every ping in flight looked at in one call (not one call per rank)
+            ready, _ = ray.wait(list(pings), num_returns=len(pings), timeout=0)
+            answered = {pings[ref] for ref in ready}
         for actor in actors:
             pending = self._pings.get(actor)
             if pending is None:
                 self._pings[actor] = (actor.ping.remote(), now)
                 continue
-            ref, sent = pending
-            ready, _ = ray.wait([ref], timeout=0)
-            if ready:
+            if actor in answered:
                 self._last_ok[actor] = now
                 self._pings[actor] = (actor.ping.remote(), now)
             elif now - self._last_ok.get(actor, now) > self.heartbeat_timeout_s:
