@@ -32,8 +32,16 @@ from .vitals import Vitals
 
 logger = logging.getLogger(__name__)
 
-#: Reported metrics kept per rank for the dashboard's plot.
+#: Reported metrics kept per rank for the dashboard's plot ...
 METRICS_HISTORY = 10_000
+#: ... and in all: a group of more than 50 ranks keeps fewer per rank (a record is ~0.5 KB on the driver: 10,000 per
+#: rank would be 1.2 GB at 256 ranks, 4.6 GB at 1,000).
+METRICS_HISTORY_TOTAL = 500_000
+
+
+def history_cap(num_workers: int) -> int:
+    """Records kept per rank in a group of ``num_workers``: ``METRICS_HISTORY``, at most its share of the total."""
+    return max(1_000, min(METRICS_HISTORY, METRICS_HISTORY_TOTAL // max(1, num_workers)))
 
 #: Plain names that differ by rank from the start (more are found as cells run).
 RANK_SPECIFIC = frozenset({"rank", "local_rank", "world_rank", "ctx"})
@@ -248,7 +256,10 @@ class GroupCore:
         for rec in records:
             rank = rec["rank"]
             self.latest_metrics[rank] = rec["metrics"]
-            self.metrics_history.setdefault(rank, collections.deque(maxlen=METRICS_HISTORY)).append(rec)
+            history = self.metrics_history.get(rank)
+            if history is None:
+                history = self.metrics_history[rank] = collections.deque(maxlen=history_cap(self.num_workers))
+            history.append(rec)
         if self.vitals.on_reports(records):  # a rank turned slow or caught up: its row changes
             self.notify()
         for cb in list(self._metric_observers):
