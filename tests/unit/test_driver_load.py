@@ -17,7 +17,7 @@ import ipywidgets
 from raytrain_nb import GroupState
 from raytrain_nb._internal.checkpoint.run_storage import RunStorage
 from raytrain_nb._internal.group.config import GroupConfig
-from raytrain_nb._internal.group.core import GroupCore, Settings
+from raytrain_nb._internal.group.core import GroupCore, Settings, history_cap
 from raytrain_nb._internal.group.dispatch import Dispatch
 from raytrain_nb._internal.group.slots import Slot
 from raytrain_nb.notebook.dashboard.view import MAX_MESSAGES_PER_S, Dashboard
@@ -82,6 +82,7 @@ def test_the_drivers_path_keeps_up_with_256_ranks_reporting_10_times_a_second(tm
         assert per_s < MAX_CPU_PER_S, f"{per_s:.2f} s of CPU per second of polls"
         assert len(sent) <= MAX_MESSAGES_PER_S * (seconds + 2), f"{len(sent)} widget messages in {seconds:g} s"
         assert all(len(core.metrics_history[r]) == ROUNDS for r in (0, N - 1))
+        assert core.metrics_history[0].maxlen == history_cap(N) == 1953, "256 ranks keep 500,000 records in all"
         assert dash.model.rows[N - 1].reports == ROUNDS or dash.model.rows[N - 1].step == ROUNDS - 1
         assert f"rank {N - 1} step {ROUNDS - 1}" in out.getvalue(), "under the rate cap every line is shown"
     finally:
