@@ -32,7 +32,8 @@ class Rank:
             self.run.url, reported.report_name(base + i), 0, 1, ckpt, m, opts, used)
         self.sess.upload = lambda i, ckpt, m: self.sess.prepare_upload(i, ckpt, m, None)()
         self.sess.uploads = UploadQueue()
-        self.sess.reported = lambda mode, timeout: upload_plan.reported_checkpoints(self.run.url, 0, mode, timeout)
+        self.sess.reported = lambda mode, timeout: upload_plan.reported_checkpoints(
+            self.run.url, base + self.sess.reports_this_cell - 1, mode, timeout)
         session.set_session(self.sess)
 
     def commit(self):

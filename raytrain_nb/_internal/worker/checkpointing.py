@@ -84,7 +84,8 @@ class CheckpointingWorker:
     def _reported(self, mode: Any, timeout_s: Optional[float]) -> List[Any]:
         """``get_all_reported_checkpoints``: wait for this rank's reports to settle (and their validations)."""
         self.uploads.wait()  # no deadline: this rank's own uploads come first, as in report order
-        return uploads_plan.reported_checkpoints(self._run_url, self.rank, mode, timeout_s)
+        last = self._report_base + self.session.reports_this_cell - 1  # this rank's last report (< base: none)
+        return uploads_plan.reported_checkpoints(self._run_url, last, mode, timeout_s)
 
     def report_name(self, index: int) -> str:
         """The name the ``index``-th report of the running cell gives its checkpoint."""

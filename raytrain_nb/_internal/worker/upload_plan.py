@@ -11,6 +11,7 @@ from ..checkpoint import reported
 from ..checkpoint.checkpoint import delete_local
 from ..checkpoint.index import INDEX_FILE, entry_report
 from ..checkpoint.manager import CheckpointManager
+from ..checkpoint.metrics_log import last_report_index
 from ..checkpoint.staging import STAGING_DIR
 from ..checkpoint.storage import is_dir_name, is_local, join, resolve, to_url
 from ..errors import CheckpointError
@@ -127,16 +128,17 @@ def inside_run(run_url: str, checkpoint: Any, what: str) -> str:
                      f"to {to_url(fs, join(run, '<name>'))}, or let report() upload it (SYNC or ASYNC)")
 
 
-def reported_checkpoints(run_url: str, rank: int, mode: CheckpointConsistencyMode,
+def reported_checkpoints(run_url: str, last: int, mode: CheckpointConsistencyMode,
                          timeout_s: Optional[float]) -> List[ReportedCheckpoint]:
-    """The run's reported checkpoints, once this rank's are committed (and, ``VALIDATED``, validated).
+    """The run's reported checkpoints, once the driver took every report up to this rank's last (report index
+    ``last``) and committed their sets (and, ``VALIDATED``, their validations ended).
 
     Waits at most ``timeout_s`` (None: until then), saying every 30 s what it waits for; then lists what there is.
     """
     started = time.monotonic()
     said = started
     while True:
-        waiting = _waiting_for(run_url, rank, mode)
+        waiting = _waiting_for(run_url, last, mode)
         now = time.monotonic()
         if not waiting or (timeout_s is not None and now - started >= timeout_s):
             break
@@ -154,18 +156,15 @@ def reported_checkpoints(run_url: str, rank: int, mode: CheckpointConsistencyMod
             for e in entries]
 
 
-def _waiting_for(run_url: str, rank: int, mode: CheckpointConsistencyMode) -> str:
-    """What is not settled yet ('' when nothing): this rank's uploads the driver did not commit, validations."""
+def _waiting_for(run_url: str, last: int, mode: CheckpointConsistencyMode) -> str:
+    """What is not settled yet ('' when nothing): a report up to ``last`` the driver has not taken (rank 0's line in
+    ``metrics.jsonl``) or whose set it has not committed (its markers are there until then), validations."""
+    if last > 0 and last_report_index(run_url) < last:
+        return f"the driver to take report {last} (from rank 0)"
+    unsettled = [n for n in reported.pending_names(run_url) if (reported.report_index(n) or 0) <= last]
+    if unsettled:
+        return f"the driver to commit {', '.join(unsettled)} (every rank must report it)"
     fs, run = resolve(run_url)
-    folder = join(run, STAGING_DIR, reported.MARKERS)
-    fs.invalidate_cache(folder)
-    try:
-        names = [p.rsplit("/", 1)[-1] for p in fs.ls(folder, detail=False)]
-    except (FileNotFoundError, NotADirectoryError):
-        names = []
-    mine = sorted(n.split(".", 1)[0] for n in names if n.endswith(f".rank-{rank}.done"))
-    if mine:
-        return f"the driver to commit {', '.join(mine)} (every rank must report it)"
     if mode is CheckpointConsistencyMode.VALIDATED and fs.exists(join(run, INDEX_FILE)):
         try:
             pending = [e.name for e in CheckpointManager.load(run_url).list("reported")
