@@ -244,6 +244,7 @@ NAMED_WAITS = {
     "monitor.py": "the monitor's zero-timeout polls of its watches and heartbeats",
     "placement.py": "placement groups being placed",
     "snapshots.py": "a snapshot's wait for the next report() on every rank, and its background write",
+    "validations.py": "one Ray task, not the ranks: a checkpoint's validation, polled every 0.2 s under its timeout_s",
     "survival.py": "one actor, not the ranks: a keep-alive group's heartbeat to its custodian, its detach and end",
     "attach.py": "one actor per group, not the ranks: the custodian's claim and descriptions at an attach",
 }
