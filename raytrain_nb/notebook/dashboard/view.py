@@ -97,6 +97,8 @@ class Dashboard:
         self._rendered_at = float("-inf")
         self._plot: Any = None
         self._build()
+        self.model.add_records(sorted((r for rs in getattr(group, "metrics_history", {}).values() for r in rs),
+                                      key=lambda r: r.get("time", 0.0)))  # the reports so far (an attached group's)
         group.subscribe(self._on_state)
         group.subscribe_metrics(self._on_metrics)
         self.flush()
