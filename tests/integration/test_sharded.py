@@ -16,7 +16,9 @@ from raytrain_nb._internal.errors import GroupError
 
 from ..groups import quiet
 
-SETUP = """
+#: A sharded model and its optimizer (a cell that does not train: a new rank replays it), and ``full()``, which
+#: gathers the full parameters and AdamW moments (every rank joins the gathers).
+BUILD = """
 import torch, raytrain_nb as train
 from raytrain_nb.torch import prepare_model
 torch.manual_seed(0)
@@ -32,17 +34,19 @@ class Net(torch.nn.Module):
 model = prepare_model(Net(), parallel_strategy="fsdp2")
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 model_id, opt_id = id(model), id(opt)
-def train_steps(n):
-    for _ in range(n):
-        loss = model(torch.randn(8, 16)).pow(2).mean()
-        opt.zero_grad(); loss.backward(); opt.step()
 def full():
     params = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
     moments = {k: {n: (t.full_tensor() if hasattr(t, 'full_tensor') else t).clone() for n, t in s.items()}
                for k, s in enumerate(opt.state.values())}
     return params, moments
-train_steps(2)
 """
+TRAIN_FN = """
+def train_steps(n):
+    for _ in range(n):
+        loss = model(torch.randn(8, 16)).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+"""
+SETUP = BUILD + TRAIN_FN + "train_steps(2)\n"
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +65,7 @@ def each_rank(group, expr):
 
 def full_state(group):
     """Rank 0's gathered full parameters and AdamW moments (every rank joins the gathers)."""
-    quiet(group, "_full = full()")
+    quiet(group, "_full = full()", setup=False)
     return group.pull("_full", rank=0)
 
 

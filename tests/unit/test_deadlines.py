@@ -247,6 +247,7 @@ NAMED_WAITS = {
     "validations.py": "one Ray task, not the ranks: a checkpoint's validation, polled every 0.2 s under its timeout_s",
     "survival.py": "one actor, not the ranks: a keep-alive group's heartbeat to its custodian, its detach and end",
     "attach.py": "one actor per group, not the ranks: the custodian's claim and descriptions at an attach",
+    "mirrors.py": "the mirrors of a sharded group's shards handed over into the object store, never fetched",
 }
 _WAIT_CALLS = {("ray", "get"), ("ray", "wait"), ("", "wait_within"), ("", "get_within")}
 

@@ -120,6 +120,13 @@ FOREIGN_PRIVATE = {
     "_shared_state": "Accelerate: its singletons' state, cleared when the group re-forms",
     "_reset_state": "Accelerate: resets its singletons",
     "_ray_auto_init": "Ray Tune: its auto-init hook, wrapped to connect to the user's cluster",
+    "_parameters": "torch: a module's own parameters, replaced when a sharded model is sharded again (FSDP2)",
+    "_forward_pre_hooks": "torch: a module's hooks; FSDP2's are removed to shard a model again over a new mesh",
+    "_forward_hooks": "torch: as _forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs": "torch: as _forward_pre_hooks",
+    "_forward_hooks_with_kwargs": "torch: as _forward_pre_hooks",
+    "_forward_hooks_always_called": "torch: as _forward_pre_hooks",
+    "_orig_cls_mro_index": "torch FSDP2: where a sharded module's own class is in its class's MRO",
 }
 #: Our markers on other libraries' objects (a function we wrapped, a DDP wrapper, IPython's shell): prefixed so
 #: they never clash with the object's own attributes.

@@ -99,3 +99,23 @@ def test_a_recovery_says_where_its_seconds_went():
     assert t.seconds("Replay") == 1.5 and t.seconds("Carry") == 0 and abs(t.total_s - 2.23) < 1e-9
     assert str(t) == ("restart 2.23 s: Retire 0.01 s, Spawn 0.40 s, Replay 1.50 s (importing 1.10 s), Join 0.30 s, "
                       "Rebind 0.02 s")
+
+
+def test_a_sharded_group_gathers_the_mirrors_first_and_reshards_after_joining():
+    from raytrain_nb._internal.group.plans import GatherMirrors, Reshard
+
+    plan = plan_recovery(TORCH, "restart", live=[0], gone=[1], sharded=True)
+    assert list(plan.steps) == [GatherMirrors(), Retire((1,), True), AwaitPlaces((1,)), Spawn((1,)), Replay((1,)),
+                                Join(0, (1,)), Reshard(from_mirrors=True), Rebind()]
+    plan = plan_recovery(TORCH, "rescale", live=[0, 1, 2], gone=[], num_workers=2, sharded=True)
+    assert kinds_of(plan) == ["GatherMirrors", "Retire", "Join", "Reshard", "Rebind"]
+    plan = plan_recovery(TORCH, "restart", live=[0], gone=[1], sharded=True, from_checkpoint=True,
+                         unmirrored=[1], unmirrored_why="off")
+    assert kinds_of(plan)[0] == "Retire" and Reshard(from_mirrors=False) in plan.steps
+
+
+def test_a_sharded_rank_whose_mirror_is_gone_too_is_refused_in_one_line():
+    with pytest.raises(GroupError, match=r"^the shards of rank\(s\) 1 are gone: their buddy.*; restart from a "
+                                         r"snapshot \(%dist_restart --from-checkpoint NAME"):
+        plan_recovery(TORCH, "restart", live=[0], gone=[1, 2], sharded=True, unmirrored=[1],
+                      unmirrored_why="their buddy, which kept their mirror, is gone too")

@@ -23,6 +23,7 @@ from ..checkpoint.run_storage import RunStorage
 from ..errors import GroupError
 from .config import GroupConfig
 from .fanout import collect
+from .mirrors import Mirrors
 from .rank_refresh import RankValues
 from .slots import SlotTable
 from .state import GroupState, SlotState, check_transition
@@ -95,6 +96,7 @@ class GroupCore:
         self.latest_metrics: Dict[int, Dict[str, Any]] = {}
         self.metrics_history: Dict[int, Deque[Dict[str, Any]]] = {}
         self.vitals = Vitals()  # each rank's resources, step time, and whether it is slow
+        self.mirrors = Mirrors()  # where each rank's mirror of its shards is kept (a sharded group)
         self._observers: List[Callable[[GroupState, GroupState], None]] = []
         self._metric_observers: List[Callable[[Sequence[Dict[str, Any]]], None]] = []
         self._event_observers: List[Callable[[str, Dict[str, Any]], None]] = []

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tupl
 from ..errors import GroupError, RecoveryError
 from .peer_state import copy_to_fresh
 from .placement import await_bundles, bundles_placed, check_cluster, reserve, share_cpus
-from .plans import (AwaitPlaces, Carry, CopyFromPeer, Join, LoadCarried, Rebind, RecoveryPlan, Replay, Reserve, Retire,
-                    Spawn)
+from .plans import (AwaitPlaces, Carry, CopyFromPeer, GatherMirrors, Join, LoadCarried, Rebind, RecoveryPlan, Replay,
+                    Reserve, Reshard, Retire, Spawn)
 from .rank_refresh import refresh_rank_values
 from .retiring import kill_worker, retire
 from .slots import Place, Slot
@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # the core and its formation are handed in; never imported he
 logger = logging.getLogger(__name__)
 
 #: Steps that touch no worker: they run before the group turns RECOVERING, and a failure leaves it as it was.
-_BEFORE = (Carry, Reserve)
+_BEFORE = (Carry, Reserve, GatherMirrors)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +88,7 @@ class Execution:
         self.timings: List[tuple] = []
         self.import_s = 0.0
         self.spared: Set[int] = set()  # ranks a standby worker took
+        self.mirrors: List[Any] = []  # refs to every old rank's mirror of its shards (a sharded group)
 
     def run(self) -> None:
         """Every step in order, then the group is ``IDLE``; on a failure, undo (see the module) and raise."""
@@ -186,6 +187,17 @@ class Execution:
         src = step.src if step.src not in fresh else held[0]
         copy_to_fresh(self.core, src, fresh, self.results)
         self.formation.note_missing(self.results)
+
+    def do_gathermirrors(self, step: GatherMirrors) -> None:
+        self.mirrors = self.core.mirrors.gather(self.core)
+
+    def do_reshard(self, step: Reshard) -> None:
+        core = self.core
+        mirrors = self.mirrors if step.from_mirrors else []
+        core.collect([s.actor.reshard.remote(mirrors) for s in core.slots], core.settings.start_timeout_s,
+                     "shard their sharded models again from the mirrors in")
+        self.mirrors = []
+        core.mirrors.refresh(core)  # every rank's mirror to its new buddy
 
     def do_rebind(self, step: Rebind) -> None:
         refresh_rank_values(self.core)  # rank, world_size...: right on every rank, survivors too

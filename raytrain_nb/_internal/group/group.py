@@ -301,6 +301,10 @@ class WorkerGroup:
         """
         return checkpoint(self._core, name, list(vars), blocking, timeout_s)
 
+    def mirror_shards(self, on: bool = True) -> Optional[str]:
+        """Keep (default) or drop each rank's copy of its FSDP2 shards in a buddy's memory; what it costs (mirrors)."""
+        return self._core.mirrors.turn(self._core, on)
+
     def rollback(self, name_or_index: Any = "latest", *, run: Optional[str] = None,
                  allow_pickle: bool = False) -> RollbackResult:
         """Load a snapshot into the same objects on every rank (``id()`` unchanged).

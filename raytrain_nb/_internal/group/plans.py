@@ -31,6 +31,10 @@ NO_SOURCE = ("no live worker is left to copy the state from: restart from a chec
              "--from-checkpoint NAME, group.restart(from_checkpoint=...)), or start a new group and roll back to one")
 
 
+LOST_SHARDS = ("the shards of rank(s) {ranks} are gone: {why}; restart from a snapshot (%dist_restart "
+               "--from-checkpoint NAME, group.restart(from_checkpoint=...))")
+
+
 @dataclasses.dataclass(frozen=True)
 class Retire:
     """Kill the workers of ``ranks`` (old numbering); with ``await_deaths`` Ray first records the dead ones
@@ -99,12 +103,28 @@ class LoadCarried:
 
 
 @dataclasses.dataclass(frozen=True)
+class GatherMirrors:
+    """A sharded group, before anything is touched: every old rank's newest mirror of its shards, from the buddy
+    that keeps it (``group/mirrors.py``); a rank whose mirror is gone fails the plan here."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Reshard:
+    """A sharded group, after joining: every rank shards its sharded models again over the new process group,
+    in place, filled from the gathered mirrors (``from_mirrors``) or left for the checkpoint loaded next; then
+    every rank's mirror goes to its new buddy."""
+
+    from_mirrors: bool
+
+
+@dataclasses.dataclass(frozen=True)
 class Rebind:
     """On every rank (survivors too): set again the notebook's values that come only from the rank's context
     (``rank``, ``world_size``, ``ctx``...), and name those computed from them (``group/rank_refresh.py``)."""
 
 
-Step = Union[Retire, AwaitPlaces, Reserve, Spawn, Carry, Replay, Join, CopyFromPeer, LoadCarried, Rebind]
+Step = Union[Retire, AwaitPlaces, Reserve, Spawn, Carry, Replay, Join, CopyFromPeer, LoadCarried, Rebind, GatherMirrors,
+             Reshard]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,10 +157,12 @@ class RecoveryPlan:
         return "\n".join(repr(step) for step in self.steps)
 
 
-def _after_join(kind: GroupKind, src: Optional[int], new: Tuple[int, ...]) -> Tuple[Step, ...]:
+def _after_join(kind: GroupKind, src: Optional[int], new: Tuple[int, ...], sharded: bool = False,
+                from_checkpoint: bool = False) -> Tuple[Step, ...]:
     copy: Tuple[Step, ...] = (CopyFromPeer(src, new),) if kind.copies_through_driver and src is not None and new \
         else ()
-    return copy + (Rebind(),)
+    reshard: Tuple[Step, ...] = (Reshard(from_mirrors=not from_checkpoint),) if sharded else ()
+    return reshard + copy + (Rebind(),)
 
 
 def check_size(num_workers: object) -> int:
@@ -157,7 +179,8 @@ def check_size(num_workers: object) -> int:
 def plan_recovery(kind: GroupKind, operation: str, *, live: Sequence[int], gone: Sequence[int],
                   num_workers: Optional[int] = None, spares: int = 0, free_places: int = 0,
                   from_checkpoint: bool = False, carried: bool = False,
-                  replace: Sequence[int] = ()) -> RecoveryPlan:
+                  replace: Sequence[int] = (), sharded: bool = False, unmirrored: Sequence[int] = (),
+                  unmirrored_why: str = "") -> RecoveryPlan:
     """The plan of a restart (the gone ranks replaced), a rescale to ``num_workers``, or the replacement of the
     live ranks in ``replace`` (ranks stuck in user code that did not stop: fresh workers take their places).
 
@@ -170,6 +193,9 @@ def plan_recovery(kind: GroupKind, operation: str, *, live: Sequence[int], gone:
         free_places: places reserved and unused (from earlier shrinks).
         from_checkpoint: a checkpoint is loaded afterwards, so no live rank is needed.
         carried: state handed over before an earlier renewal failed is kept on the group (fresh processes).
+        sharded: the group holds sharded (FSDP2) models: mirrors are gathered first and every rank re-shards.
+        unmirrored: ranks whose mirror of their shards is gone (``unmirrored_why`` says why); one of them gone
+            too fails the plan unless ``from_checkpoint``.
 
     Raises:
         GroupError: nothing to restart, no live worker to copy from, or a bad size, naming the fix.
@@ -190,21 +216,26 @@ def plan_recovery(kind: GroupKind, operation: str, *, live: Sequence[int], gone:
         raise GroupError(f"operation={operation!r} is unknown: restart or rescale")
     if not live and not from_checkpoint and not (kind.fresh_processes and carried):
         raise GroupError(NO_SOURCE)
+    lost = sorted(set(unmirrored) & set(gone))
+    if sharded and lost and not from_checkpoint:
+        raise GroupError(LOST_SHARDS.format(ranks=", ".join(map(str, lost)), why=unmirrored_why or "no mirror"))
+    first: Tuple[Step, ...] = (GatherMirrors(),) if sharded and not from_checkpoint else ()
 
     if operation == "replace" or (operation == "restart" and not kind.fresh_processes):  # in place
         src = live[0] if live else None
-        steps: Tuple[Step, ...] = (Retire(gone, await_deaths=len(gone) > spares),)
+        steps: Tuple[Step, ...] = first + (Retire(gone, await_deaths=len(gone) > spares),)
         if len(gone) > spares:
             steps += (AwaitPlaces(gone[spares:]),)
         steps += (Spawn(gone, spares=min(spares, len(gone))), Replay(gone), Join(src, gone))
-        return RecoveryPlan(operation, target, live, gone, gone, src, True, steps + _after_join(kind, src, gone))
+        return RecoveryPlan(operation, target, live, gone, gone, src, True,
+                            steps + _after_join(kind, src, gone, sharded, from_checkpoint))
 
     # A resize (also every restart of a kind that needs fresh processes): the live workers stay, the lowest
     # ranks first, and new ones join them; with fresh processes every rank is new.
     keep = () if kind.fresh_processes else live[:target]
     drop = tuple(r for r in live if r not in keep) + gone
     new = tuple(range(len(keep), target))
-    steps = ()
+    steps = first
     if kind.fresh_processes and not from_checkpoint:
         steps += (Carry(live[0]),) if live else ()
     extra = len(new) - len(drop) - free_places
@@ -217,4 +248,5 @@ def plan_recovery(kind: GroupKind, operation: str, *, live: Sequence[int], gone:
     steps += (Join(src, new),)
     if kind.fresh_processes and not from_checkpoint:
         return RecoveryPlan(operation, target, keep, drop, new, src, False, steps + (LoadCarried(), Rebind()))
-    return RecoveryPlan(operation, target, keep, drop, new, src, False, steps + _after_join(kind, src, new))
+    return RecoveryPlan(operation, target, keep, drop, new, src, False,
+                        steps + _after_join(kind, src, new, sharded, from_checkpoint))

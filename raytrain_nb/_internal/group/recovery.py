@@ -30,9 +30,10 @@ ON_FAILURE = ("raise", "restart", "rescale")
 def plan_for(core: "GroupCore", operation: str, **how: Any) -> RecoveryPlan:
     """The plan for ``operation`` on the group of ``core`` as it is now (``how``: as ``plan_recovery`` takes)."""
     slots = core.slots
+    unmirrored, why = core.mirrors.unmirrored(core)
     return plan_recovery(core.kind, operation, live=slots.live_ranks(), gone=slots.gone_ranks(),
                          spares=len(slots.spares), free_places=len(slots.free), carried=core.carried is not None,
-                         **how)
+                         sharded=core.mirrors.sharded, unmirrored=unmirrored, unmirrored_why=why, **how)
 
 
 def replace_ranks(core: "GroupCore", formation: "Formation", ranks: List[int]) -> None:

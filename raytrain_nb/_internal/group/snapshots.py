@@ -61,6 +61,7 @@ def checkpoint(core: "GroupCore", name: Optional[str], var_names: Sequence[str],
             core.check_usable()
             core.collect([a.snapshot.remote(staged, list(var_names), not blocking) for a in actors],
                          timing.SNAPSHOT_WRITE_S, "snapshot")
+            core.mirrors.refresh(core)  # a sharded group: each rank's shards to its buddy too
             if not blocking:
                 waits = [a.snapshot_wait.remote(timing.BACKGROUND_WRITE_S) for a in actors]
                 thread = threading.Thread(target=_finish_background, args=(core, staged, waits),

@@ -31,6 +31,7 @@ from .display import WorkerDisplay
 from .forming import FormingWorker
 from .inspecting import CONTROL_METHODS as INSPECTING_CALLS
 from .inspecting import InspectingWorker
+from .mirroring import MirroringWorker
 from .node_poll import NodePeers
 from .framework import call_in, release_current
 from .outcome import CellOutcome, pickle_exception
@@ -43,7 +44,7 @@ logger = logging.getLogger(__name__)
 PREPARING = ("_preload", "_warm_imports")
 
 
-class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWorker):
+class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWorker, MirroringWorker):
     """One rank of a :class:`~raytrain_nb.WorkerGroup` (a Ray actor when spawned)."""
 
     def __init__(self, cwd: Optional[str] = None, sys_path: Sequence[str] = (),

@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from ..backend import process_group_state
 from ..errors import RecoveryError
 from . import transfer
+from .sharded import class_name
 from .snapshot import Tracked, find_tracked, fingerprint
 from .walk import top_name
 
@@ -29,7 +30,7 @@ def _shapes(module: Any) -> List[Tuple[str, Tuple[int, ...], str]]:
 
 def _structure(namespace: Dict[str, Any], tracked: Tracked) -> Dict[str, str]:
     """Top-level name -> digest of its type and of the tracked objects below it (their shapes)."""
-    parts: Dict[str, List[str]] = {n: [type(v).__qualname__] for n, v in namespace.items() if not n.startswith("_")}
+    parts: Dict[str, List[str]] = {n: [class_name(v)] for n, v in namespace.items() if not n.startswith("_")}
     for path, module in tracked.modules.items():
         parts[top_name(path)].append(f"m {path} {type(module).__qualname__} {_shapes(module)}")
     for path in tracked.wrappers:

@@ -17,6 +17,23 @@ logger = logging.getLogger(__name__)
 #: ``fully_shard``'s own (``mp_policy``, ``offload_policy``, ``reshard_after_forward``, ``mesh``).
 POLICY_KEYS = ("shard_children",)
 
+RECIPE = "_rtnb_fsdp2"  # the attribute on a root module: how it was sharded (targets by path, fully_shard's kwargs)
+
+
+def remember_recipe(model: Any, targets: Sequence[Any], kwargs: Dict[str, Any]) -> None:
+    """Keep on ``model`` how it was sharded, so it can be sharded again onto another mesh."""
+    names = {id(m): n for n, m in model.named_modules()}
+    setattr(model, RECIPE, {"targets": [names[id(t)] for t in targets], "kwargs": dict(kwargs)})
+
+
+def recipe_of(model: Any) -> Dict[str, Any]:
+    """How ``model`` was sharded: remembered by ``prepare_model``, or (sharded by hand) every ``FSDPModule`` below
+    the root, with ``fully_shard``'s defaults."""
+    kept = getattr(model, RECIPE, None)
+    if kept is not None:
+        return kept
+    return {"targets": [n for n, m in model.named_modules() if n and is_fsdp2(m)], "kwargs": {}}
+
 
 def is_fsdp2(module: Any) -> bool:
     """Whether ``module`` (or its root) was ``fully_shard``-ed: an ``FSDPModule`` (without importing FSDP)."""
@@ -25,10 +42,19 @@ def is_fsdp2(module: Any) -> bool:
     return cls is not None and isinstance(module, cls)
 
 
+def class_name(obj: Any) -> str:
+    """``obj``'s class name; a sharded module's own (``Net``, not FSDP's ``FSDPNet``): a new rank's model, sharded
+    only once the group forms, is the same object."""
+    cls = type(obj)
+    if is_fsdp2(obj):
+        cls = cls.__mro__[getattr(cls, "_orig_cls_mro_index", 2)]
+    return cls.__qualname__
+
+
 def is_sharded(module: Any) -> bool:
     """Whether any parameter of ``module`` is a ``DTensor`` (a model sharded by hand or by ``prepare_model``)."""
-    if is_fsdp2(module):
-        return True
+    if is_fsdp2(module) or (getattr(module, RECIPE, None) or {}).get("deferred"):
+        return True  # a new rank's model, sharded when the group forms (prepare_model while replaying)
     dtensor = sys.modules.get("torch.distributed.tensor")
     cls = getattr(dtensor, "DTensor", None) if dtensor is not None else None
     if cls is None or not hasattr(module, "parameters"):
@@ -124,9 +150,16 @@ def prepare_fsdp2(model: Any, device: Any, kwargs: Dict[str, Any], joined: bool,
     Returns:
         The same model object, now an ``FSDPModule`` with ``DTensor`` parameters.
     """
-    if deferred:
-        raise RuntimeError("prepare_model(parallel_strategy='fsdp2') cannot run while a new rank replays the "
-                           "group's setup cells: a sharded model is restored from its shards after the group forms")
+    shard_children = kwargs.pop("shard_children", None)
+    mesh = kwargs.pop("mesh", None)
+    if mesh is not None and mesh.ndim != 1:
+        raise ValueError(f"prepare_model(parallel_strategy='fsdp2'): a {mesh.ndim}-D mesh {tuple(mesh.shape)} is "
+                         "not supported for now (tensor parallel, HSDP): pass a 1-D mesh or none")
+    targets = shard_targets(model, shard_children)
+    if deferred:  # a new rank replaying setup cells: sharded (and filled from the mirrors) once the group forms
+        remember_recipe(model, targets, kwargs)
+        getattr(model, RECIPE)["deferred"] = True
+        return model
     if not joined:
         raise RuntimeError("prepare_model(parallel_strategy='fsdp2') needs a process group: use TorchTrainer or a "
                            "%%distributed group with --backend gloo or nccl, not --backend none")
@@ -143,14 +176,10 @@ def prepare_fsdp2(model: Any, device: Any, kwargs: Dict[str, Any], joined: bool,
     if is_fsdp2(model):
         raise ValueError(f"prepare_model(parallel_strategy='fsdp2'): {type(model).__name__} is already sharded "
                          "(fully_shard was applied); pass the model before sharding, or use it as it is")
-    shard_children = kwargs.pop("shard_children", None)
-    mesh = kwargs.pop("mesh", None)
     if mesh is None:
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    elif mesh.ndim != 1:
-        raise ValueError(f"prepare_model(parallel_strategy='fsdp2'): a {mesh.ndim}-D mesh {tuple(mesh.shape)} is "
-                         "not supported for now (tensor parallel, HSDP): pass a 1-D mesh or none")
-    for target in shard_targets(model, shard_children):
+    for target in targets:
         fully_shard(target, mesh=mesh, **kwargs)
     fully_shard(model, mesh=mesh, **kwargs)
+    remember_recipe(model, targets, kwargs)  # to shard it again over another mesh (restart, rescale)
     return model

@@ -40,6 +40,11 @@ def dcp_group() -> Any:
     return _groups[key]
 
 
+def forget_group() -> None:
+    """Drop the DCP group (its process group re-formed: the next snapshot makes a new one)."""
+    _groups.clear()
+
+
 def _clone(obj: Any) -> Any:
     """A copy of a (nested) state dict's tensors (a DTensor's local shard only: no communication)."""
     import torch  # torch: loaded on first use, not on import raytrain_nb

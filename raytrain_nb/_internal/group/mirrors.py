@@ -1,0 +1,118 @@
+"""Buddy mirrors: every rank's newest copy of its shards kept in a peer's memory, so no shard is lost with a rank.
+
+Under full sharding (FSDP2) a rank's shards exist nowhere else. At the end of each whole-group cell that trained
+and on every snapshot, each rank ``r`` takes a mirror of its shards and rank ``(r + 1) % N`` (its buddy) keeps it;
+the mirror goes from rank to buddy through Ray's object store, never through the driver's memory. A restart or
+rescale of a sharded group first gathers every old rank's mirror (:meth:`Mirrors.gather`, before any worker is
+touched), then, once the process group re-formed, every rank re-shards from them (the plan's ``Reshard`` step).
+
+Cost: each rank holds its buddy's shards besides its own (about twice the memory of its share of parameters and
+optimizer state), and each training cell ends with one copy of every rank's shards. ``WorkerGroup.mirror_shards(
+False)`` turns it off; then a lost rank of a sharded group is restored only from a snapshot.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+from ..errors import GroupError
+from ..waits import wait_within
+from . import timing
+from .plans import LOST_SHARDS
+
+if TYPE_CHECKING:  # the core is handed in; never imported here at run time
+    from .core import GroupCore
+
+logger = logging.getLogger(__name__)
+
+
+
+class Mirrors:
+    """Which worker keeps each rank's newest mirror, and what the last refresh cost."""
+
+    def __init__(self) -> None:
+        self.enabled = True
+        self.sharded = False  # the group holds a sharded model (known from the last refresh)
+        self.holders: Dict[int, Any] = {}  # rank (at the last refresh) -> the actor keeping its mirror
+        self.world = 0
+        self.last_bytes = 0
+        self.last_s = 0.0
+
+    def refresh(self, core: "GroupCore") -> None:
+        """Every rank's mirror to its buddy now (a no-op where nothing is sharded or the switch is off)."""
+        if not self.enabled:
+            return
+        slots = list(core.slots)
+        n = len(slots)
+        started = time.perf_counter()
+        takes = [s.actor.mirror_take.remote() for s in slots]
+        keeps = [slots[(r + 1) % n].actor.mirror_keep.remote(r, takes[r]) for r in range(n)]
+        sizes = core.collect(keeps, timing.SNAPSHOT_WRITE_S, "keep each rank's mirror of its shards on its buddy in")
+        self.sharded = any(sizes)
+        self.holders = {r: slots[(r + 1) % n].actor for r in range(n)} if self.sharded else {}
+        self.world = n if self.sharded else 0
+        self.last_bytes, self.last_s = sum(sizes), time.perf_counter() - started
+        if self.sharded:
+            logger.debug("mirrored %d bytes of shards in %.3f s", self.last_bytes, self.last_s)
+
+    def turn(self, core: "GroupCore", on: bool) -> Optional[str]:
+        """Switch mirroring on (and mirror now) or off (and drop every mirror); returns :meth:`summary`."""
+        self.enabled = bool(on)
+        if on:
+            self.refresh(core)
+            return self.summary()
+        core.collect([s.actor.mirror_forget.remote() for s in core.slots if not s.gone], timing.CONTROL_CALL_S,
+                     "drop the mirrors of shards in")
+        self.holders, self.world = {}, 0
+        return self.summary()
+
+    def unmirrored(self, core: "GroupCore") -> Tuple[Tuple[int, ...], str]:
+        """The ranks (at the last refresh) whose mirror is kept by a worker that is gone, and why, for the plan."""
+        if not self.sharded:
+            return (), ""
+        if not self.enabled or not self.holders:
+            return tuple(core.slots.gone_ranks()), "mirrors of shards are off (group.mirror_shards(False))"
+        alive = {id(s.actor) for s in core.slots if not s.gone}
+        lost = tuple(r for r, actor in sorted(self.holders.items()) if id(actor) not in alive)
+        return lost, "their buddy, which kept their mirror, is gone too"
+
+    def gather(self, core: "GroupCore") -> List[Any]:
+        """Object refs to every rank's mirror (at the last refresh), before any worker is touched; a live rank whose
+        mirror went with its buddy gives a fresh one, if it has not trained since.
+
+        Raises:
+            GroupError: a rank's shards are gone (one line, offering ``--from-checkpoint``).
+        """
+        slots = list(core.slots)
+        live = {id(s.actor) for s in slots if not s.gone}
+        kept = {r for r in range(self.world) if id(self.holders.get(r)) in live}
+        retake = [r for r in range(self.world) if r not in kept and r < len(slots) and not slots[r].gone]
+        gone = [r for r in range(self.world) if r not in kept and r not in retake]
+        if gone:
+            raise GroupError(LOST_SHARDS.format(ranks=", ".join(map(str, gone)),
+                                         why="their buddy, which kept their mirror, is gone too"))
+        clean = core.collect([slots[r].actor.mirror_is_clean.remote() for r in retake], timing.CONTROL_CALL_S,
+                             "say whether they trained since their mirror in")
+        dirty = [r for r, ok in zip(retake, clean) if not ok]
+        if dirty:
+            raise GroupError(LOST_SHARDS.format(ranks=", ".join(map(str, dirty)), why=(
+                "their buddy, which kept their mirror, is gone, and they trained since, so their shards no longer "
+                "match the others' mirror point")))
+        # refs only: each rank fetches them when it re-shards; the driver never holds the shards. They are in the
+        # object store before any worker (a holder among them) is retired.
+        refs = [self.holders[r].mirror_get.remote(r) if r in kept else slots[r].actor.mirror_take.remote()
+                for r in range(self.world)]
+        _, late = wait_within(refs, timing.SNAPSHOT_WRITE_S, "every rank's mirror of its shards to be handed over",
+                              log=logger)
+        if late:
+            raise GroupError(f"{len(late)} mirror(s) of shards were not handed over within "
+                             f"{timing.SNAPSHOT_WRITE_S:g} s: %dist_status shows which ranks do not answer")
+        return refs
+
+    def summary(self) -> Optional[str]:
+        """One line: what the mirrors cost at the last refresh, or None when nothing is sharded."""
+        if not self.sharded:
+            return None
+        state = "on" if self.enabled else "off"
+        return f"mirrors of shards {state}: {self.last_bytes / 2**20:.1f} MiB kept by buddies, {self.last_s:.2f} s"

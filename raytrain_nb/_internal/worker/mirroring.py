@@ -1,0 +1,108 @@
+"""The worker's part in keeping sharded models whole: mirrors of its shards, a buddy's mirrors, re-sharding.
+
+Each rank takes a mirror of its own shards (:func:`.sharded_mirror.take`) when the driver asks; the driver hands it
+to the rank's buddy, which keeps it in its memory (:meth:`MirroringWorker.mirror_keep`). After the process group
+re-forms, every rank re-shards its sharded modules in place from the mirrors (:meth:`MirroringWorker.reshard`).
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, Dict, List, Optional
+
+from ..errors import RecoveryError
+from . import sharded_io, sharded_mirror
+from .snapshot import find_tracked
+from .torch_utils import get_device
+
+logger = logging.getLogger(__name__)
+
+
+def _version(tracked: Any) -> float:
+    """How far this rank's sharded optimizers have stepped (their ``step`` counts summed): a change means training
+    since the last mirror."""
+    total = 0.0
+    for opt, _ in tracked.sharded_optimizers.values():
+        for state in opt.state.values():
+            step = state.get("step") if isinstance(state, dict) else None
+            if step is not None:
+                total += float(step.to_local().sum() if hasattr(step, "to_local") else step)
+    return total
+
+
+class MirroringWorker:
+    """Mirrors of sharded models on a worker (the actor's part; see the module)."""
+
+    namespace: Dict[str, Any]
+    rank: int
+    _cells: Any
+
+    def _mirror_store(self) -> Dict[int, Any]:
+        store = self.__dict__.get("_held_mirrors")
+        if store is None:
+            store = self.__dict__["_held_mirrors"] = {}
+        return store
+
+    def sharded_share(self) -> Optional[Dict[str, Any]]:
+        """This rank's share of its sharded models (strategy, mesh size, bytes here and in all), or None."""
+        return self._cells.call(lambda: sharded_io.share(find_tracked(self.namespace, strict=False)))
+
+    def mirror_take(self, require_clean: bool = False) -> Optional[Dict[str, Any]]:
+        """A mirror of this rank's shards now, or None without sharded models.
+
+        Raises:
+            RecoveryError: with ``require_clean``, this rank trained since its last mirror (then a fresh mirror
+                would not match the others' mirror point).
+        """
+        if "torch.distributed.tensor" not in sys.modules:  # nothing can be sharded: no walk, no cell-thread call
+            return None
+        return self._cells.call(self._take_mirror, require_clean)
+
+    def _take_mirror(self, require_clean: bool) -> Optional[Dict[str, Any]]:
+        tracked = find_tracked(self.namespace, strict=False)
+        if not tracked.sharded:
+            return None
+        version = _version(tracked)
+        if require_clean and version != self.__dict__.get("_mirror_version"):
+            raise RecoveryError(f"rank {self.rank} trained since its last mirror and its mirror is gone with its "
+                                "buddy, so no consistent copy of every rank's shards is left: restart from a "
+                                "snapshot (%dist_restart --from-checkpoint NAME)")
+        self.__dict__["_mirror_version"] = version
+        return sharded_mirror.take(tracked)
+
+    def mirror_is_clean(self) -> bool:
+        """Whether this rank's sharded models have not trained since its last mirror."""
+        return self._cells.call(lambda: _version(find_tracked(self.namespace, strict=False))
+                                == self.__dict__.get("_mirror_version"))
+
+    def mirror_keep(self, rank: int, mirror: Optional[Dict[str, Any]]) -> int:
+        """Keep rank ``rank``'s mirror (replacing its older one); returns its bytes."""
+        store = self._mirror_store()
+        if mirror is None:
+            store.pop(rank, None)
+            return 0
+        store[rank] = mirror
+        return sharded_mirror.nbytes(mirror)
+
+    def mirror_get(self, rank: int) -> Optional[Dict[str, Any]]:
+        """The mirror of rank ``rank`` this worker keeps, or None."""
+        return self._mirror_store().get(rank)
+
+    def mirror_forget(self) -> None:
+        """Drop every mirror this worker keeps for others."""
+        self._mirror_store().clear()
+
+    def reshard(self, mirrors: List[Any]) -> List[str]:
+        """Shard this rank's sharded models again over the re-formed process group and fill them from ``mirrors``
+        (a list of every old rank's mirror, or object refs to them; empty: a checkpoint is loaded next)."""
+        import ray  # ray: the worker runs inside it; loaded here for the refs only
+
+        values = [ray.get(m) if isinstance(m, ray.ObjectRef) else m for m in mirrors]
+        return self._cells.call(self._reshard, values)
+
+    def _reshard(self, mirrors: List[Dict[str, Any]]) -> List[str]:
+        tracked = find_tracked(self.namespace, strict=False)
+        sharded_io.forget_group()  # the DCP group of the old process group is gone with it
+        done = sharded_mirror.reshard(tracked, mirrors, get_device())
+        self.__dict__["_mirror_version"] = None
+        return done
