@@ -45,6 +45,11 @@ tracking-test: $(STAMP)
 survive-test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/survive $(PYTEST_ARGS)
 
+# Sharded (FSDP2) models' heavier tests (tests/sharded: kill + restart, rescale 3 and 2 from buddy mirrors, trainers
+# resumed at another world size): outside `make test` (about 2 minutes). CI runs it after the soak.
+sharded-test: $(STAMP)
+	RAYTRAIN_NB_SHARDED=1 $(PY) -m pytest -q -p no:cacheprovider tests/sharded $(PYTEST_ARGS)
+
 tutorials: $(STAMP)
 	RAYTRAIN_NB_TUTORIALS=1 $(PY) -m pytest -q -p no:cacheprovider tests/notebook/test_tutorials.py $(PYTEST_ARGS)
 

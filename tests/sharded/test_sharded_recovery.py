@@ -1,4 +1,4 @@
-"""No shard lost with a rank: buddy mirrors of a sharded (FSDP2) group, restart after a kill, rescale 3 and 2, and
+"""No shard lost with a rank (``make sharded-test``, outside ``make test``): buddy mirrors of a sharded (FSDP2) group, restart after a kill, rescale 3 and 2, and
 the one-line refusal when a rank's mirror went with it. Full parameters and AdamW moments are gathered on the
 workers (``full_tensor()``) and compared with those at the last mirror point; training goes on after each."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from raytrain_nb._internal.errors import GroupError
 
 from ..groups import quiet
 from ..waiting import wait_for
-from .test_sharded import BUILD, TRAIN_FN, assert_same, full_state
+from ..integration.test_sharded import BUILD, TRAIN_FN, assert_same, full_state
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +33,8 @@ def kill(group, rank):
 
 def test_kill_restart_rescale_3_and_2_keep_every_shard(group):
     mirrored = full_state(group)
+    group.checkpoint(name="at-2")  # written by 2 ranks: loaded by 3 below (DCP reshards)
+    at_2 = mirrored
     kill(group, 1)
     group.restart()
     assert_same(mirrored, full_state(group))
@@ -40,6 +42,9 @@ def test_kill_restart_rescale_3_and_2_keep_every_shard(group):
     mirrored = full_state(group)
     group.rescale(3)
     assert_same(mirrored, full_state(group))
+    quiet(group, "train_steps(1)")
+    group.rollback("at-2")  # a snapshot of 2 ranks into 3
+    assert_same(at_2, full_state(group))
     quiet(group, "train_steps(1)")
     mirrored = full_state(group)
     group.rescale(2)
