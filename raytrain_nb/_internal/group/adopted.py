@@ -19,6 +19,7 @@ from .background import BackgroundRun
 from .fanout import FANOUT
 from .state import GroupState, SlotState
 from .timing import CONTROL_CALL_S, POLL_INTERVAL_S
+from .types import CellResult
 
 if TYPE_CHECKING:  # the core is handed in; never imported here at run time
     from .core import GroupCore
@@ -66,9 +67,10 @@ def _take(poll: Dict[str, Any], rank: int, sink: OutputSink, shown: List[int], m
     return got
 
 
-def follow(core: "GroupCore", ranks: List[int], sink: OutputSink, mode: str = "rank0") -> str:
-    """Stream the adopted cell's output and reports until no rank of ``ranks`` runs it; returns a line saying how
-    it ended (and what was lost while no driver was attached)."""
+def follow(core: "GroupCore", ranks: List[int], sink: OutputSink, mode: str = "rank0") -> CellResult:
+    """Stream the adopted cell's output and reports until no rank of ``ranks`` runs it, then say how it ended (and
+    what is missing); returns a :class:`CellResult` without values (they went to the other kernel)."""
+    started = time.perf_counter()
     base = core.run_storage.report_base
     seen = {r: max([rec.get("seq", 0) for rec in core.metrics_history.get(r, ())], default=0) for r in ranks}
     lost: Dict[int, int] = {}
@@ -109,10 +111,11 @@ def follow(core: "GroupCore", ranks: List[int], sink: OutputSink, mode: str = "r
     line = "the cell started in another kernel has ended" + (
         f" with an error ({'; '.join(failed)}; %dist_debug shows the traceback)" if failed else "")
     if lost:
-        line += "; reports lost while no kernel was attached (the worker keeps the last 10,000): " + ", ".join(
-            f"rank {r}: {n}" for r, n in sorted(lost.items()))
+        line += ("; reports missing from the metrics here (the other kernel received them in its last second, or a "
+                 "worker's queue of 10,000 overflowed while no kernel was attached): " + ", ".join(
+                     f"rank {r}: {n}" for r, n in sorted(lost.items())))
     sink.stream(min(ranks), "stdout", line + "\n", False)
-    return line
+    return CellResult(values={}, duration=time.perf_counter() - started)
 
 
 def adopt(group: Any, core: "GroupCore", sink: Any, note: str) -> str:

@@ -104,7 +104,7 @@ class Survival:
         """What changes the handed-over state (cells, pushed names, workers, reports), cheap to compare each beat."""
         core = self.core
         return (len(core.history), tuple(core.pushed), tuple(id(s.actor) for s in core.slots.everyone()),
-                sum(len(d) for d in core.metrics_history.values()) // 100, core.state)
+                sum(len(d) for d in core.metrics_history.values()), core.state)
 
     def send(self) -> None:
         """Hand the custodian the workers' handles and the driver's state (a call that returns at once)."""
