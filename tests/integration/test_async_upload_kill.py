@@ -1,5 +1,6 @@
-"""A worker killed during an ASYNC upload leaves no committed partial checkpoint, and fit() resumes from the newest
-complete one (a real local Ray instance, TorchTrainer with FailureConfig(max_failures=1))."""
+"""On a real local Ray instance: a worker killed during an ASYNC upload leaves no committed partial checkpoint, and
+fit() resumes from the newest complete one (TorchTrainer, FailureConfig(max_failures=1)); a validation task that
+cannot start says so in one line, and its timeout is recorded on the checkpoint."""
 from __future__ import annotations
 
 import os
@@ -79,3 +80,28 @@ def test_a_rank_killed_mid_async_upload_commits_nothing_partial_and_fit_resumes_
     with epoch_1.as_directory() as d:
         assert sorted(f for f in os.listdir(d) if not f.startswith(".")) == ["epoch-0.txt", "epoch-1.txt"]
     assert reported.pending_names(result.path) == []  # the partial set was discarded, nothing waits
+
+
+def test_a_validation_that_cannot_start_says_so_in_one_line_and_its_timeout_is_recorded(tmp_path, caplog):
+    from raytrain_nb._internal.checkpoint.run_storage import RunStorage
+    from raytrain_nb._internal.group import validations
+
+    run = RunStorage(str(tmp_path), "no-cpu")
+    try:
+        local = tmp_path / "local"
+        local.mkdir()
+        (local / "w.bin").write_bytes(b"w")
+        staged = reported.report_staging(run.url, reported.report_name(1), "epoch_0")
+        reported.upload(staged, 0, str(local), {"epoch": 0}, world_size=1)
+        found = validations.attach(run, lambda checkpoint: {"val": 1.0}, ray_remote_kwargs={"num_cpus": 10_000})
+        record = {"rank": 0, "report": reported.report_name(1), "checkpoint": True, "time": 0.0,
+                  "metrics": {"epoch": 0}, "dir": "epoch_0", "validation": {"fn_kwargs": None, "timeout_s": 3}}
+        with caplog.at_level("WARNING", logger="raytrain_nb"):
+            run.on_records([record], world_size=1)
+            assert found.wait(60)
+        said = [r.getMessage() for r in caplog.records if "waits for 10000 CPU" in r.getMessage()]
+        assert len(said) == 1 and "\n" not in said[0] and "the validation of epoch_0" in said[0], said
+        entry = run.manager.get("epoch_0")
+        assert entry.validation == {"status": "timeout", "error": "took more than timeout_s=3"}
+    finally:
+        run.close()
