@@ -83,10 +83,13 @@ class Dispatch:
         import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
         ready, _ = ray.wait(list(self.pending), num_returns=len(self.pending), timeout=timeout)
+        metrics: List[Dict[str, Any]] = []
         for ref, res in zip(ready, self._fetch(ready)):
             rank = self.pending.pop(ref)
             self.results[rank] = res
-            self._emit(rank, res.outputs, res.metrics)
+            self._emit(rank, res.outputs, [])
+            metrics.extend(res.metrics)
+        self._emit_metrics(metrics)  # every rank that ended this round: one call to the core, not one per rank
         self._drop_silent()
         if not self.pending:
             return
@@ -149,6 +152,12 @@ class Dispatch:
         if metrics:
             self.core.record_metrics(metrics)
 
+    def _emit_metrics(self, metrics: List[Dict[str, Any]]) -> None:
+        """A round's reports in one call: the core, the slow-rank check and each observer once."""
+        if metrics:
+            self.watch.heard()
+            self.core.record_metrics(metrics)
+
     def _ask(self, ranks: Sequence[int], call: Any, deadline_s: float, what: str) -> Replies:
         return FANOUT.ask([self._slot(r) for r in ranks], call, deadline_s, what, ranks=ranks)
 
@@ -198,14 +207,11 @@ class Dispatch:
         metrics: List[Dict[str, Any]] = []
         for rank, polled in polls.items():  # a dead rank's run result reports its death
             self._emit(rank, polled["outputs"], [])
-            if polled["metrics"]:
-                self.watch.heard()
-                metrics.extend(polled["metrics"])
+            metrics.extend(polled["metrics"])
             self.watch.polled(rank, polled)
             if polled.get("collective"):
                 waiting[rank] = polled["collective"]
-        if metrics:  # the round's reports in one call: the core, the slow-rank check and each observer once
-            self.core.record_metrics(metrics)
+        self._emit_metrics(metrics)
         if waiting and self.results:  # ranks wait in a collective for peers whose call already ended
             tell_finished(self._slot(0).actor, self.results, waiting, self._told)
         self.watch.round_done()
