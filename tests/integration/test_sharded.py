@@ -153,3 +153,15 @@ except ValueError as e:
 """)
     out = group.pull("err", rank=0)
     assert "2-D mesh (1, 2) is not supported" in out and "\n" not in out
+
+
+def test_pull_of_a_sharded_model_gathers_it_below_a_size_and_refuses_above(group, monkeypatch):
+    from raytrain_nb._internal.group import mirrors
+
+    params, _ = full_state(group)
+    pulled = group.pull("model")
+    assert pulled.keys() == params.keys() and all(torch.equal(pulled[k], params[k]) for k in params)
+    monkeypatch.setattr(mirrors, "PULL_GATHER_MAX_BYTES", 100)
+    with pytest.raises(GroupError, match=r"^'model' is sharded over 2 ranks and holds 0 MiB, more than the 0 MiB a "
+                                         r"pull gathers: .*dcp_to_torch_save"):
+        group.pull("model")

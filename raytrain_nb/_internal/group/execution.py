@@ -18,11 +18,13 @@ from ..errors import GroupError, RankFailure, WorkerError
 from ..output import OUTPUT_MODES, OutputSink, TextSink
 from ..worker.cell import format_user_traceback, needs_ipython
 from ..worker.outcome import CellOutcome
+from ..worker.sharded import ShardedPull
 from . import timing
 from .background import BackgroundRun
 from .collectives import CollectiveRounds
 from .dispatch import Dispatch
 from .fanout import FANOUT, ReplyKind
+from .mirrors import pull_sharded
 from .recovery import ON_FAILURE, recover_and_retry
 from .slots import Slot
 from .state import GroupState, SlotState
@@ -221,6 +223,9 @@ class Runner:
             raise GroupError(f"cannot pull {name!r}: rank(s) {', '.join(map(str, late))} did not answer within "
                              f"{timing.PULL_S:g} s (stopped, or busy in C code holding the GIL): %dist_status shows "
                              "them, %dist_restart replaces stopped ranks")
+        sharded = [r.error for r in replies.of(ReplyKind.RAISED) if isinstance(r.error, ShardedPull)]
+        if sharded:  # a sharded model: its gathered state dict, below a size
+            return pull_sharded(self.core, sharded[0], rank)
         missing = [r.rank for r in replies.of(ReplyKind.RAISED) if isinstance(r.error, NameError)]
         if missing:
             raise GroupError(f"name {name!r} is not defined on rank {', '.join(map(str, missing))}: run the cell "

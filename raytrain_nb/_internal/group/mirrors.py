@@ -28,6 +28,31 @@ logger = logging.getLogger(__name__)
 
 
 
+#: ``%dist_pull`` / ``group.pull`` of a sharded model gathers its full state dict only up to this size (every rank
+#: holds the whole model for a moment, and the driver receives it); above it the pull is refused.
+PULL_GATHER_MAX_BYTES = 2 * 2**30
+
+
+def pull_sharded(core: "GroupCore", refusal: Any, rank: Optional[int]) -> Any:
+    """``group.pull`` of a sharded model: its gathered full state dict (CPU tensors) from ``rank`` (a list from
+    every rank with None), when the model is at most :data:`PULL_GATHER_MAX_BYTES`.
+
+    Raises:
+        GroupError: the model is larger (one line naming its size and the way to gather it from a snapshot).
+    """
+    name, total = refusal.name, refusal.share["total_bytes"]
+    if total > PULL_GATHER_MAX_BYTES:
+        raise GroupError(f"{name!r} is sharded over {refusal.share['mesh_size']} ranks and holds "
+                         f"{total / 2**20:.0f} MiB, more than the {PULL_GATHER_MAX_BYTES / 2**20:.0f} MiB a pull "
+                         "gathers: take a snapshot (%dist_checkpoint) and gather it in one process with "
+                         "raytrain_nb.torch.dcp_to_torch_save(<snapshot>/sharded, 'model.pt')")
+    core.check_usable()
+    full = core.collect([s.actor.gather_full.remote(name, 0 if rank is None else rank) for s in core.slots],
+                        timing.SNAPSHOT_WRITE_S, f"gather the sharded {name!r} of")
+    value = full[0 if rank is None else rank]
+    return [value] * len(full) if rank is None else value
+
+
 class Mirrors:
     """Which worker keeps each rank's newest mirror, and what the last refresh cost."""
 

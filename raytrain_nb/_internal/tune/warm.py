@@ -20,6 +20,7 @@ from ..errors import CheckpointError, ConfigError
 from ..group.group import WorkerGroup
 from ..worker.boosters import load_into, model_bytes
 from ..worker.session import get_context
+from ..worker.sharded import is_sharded
 from ..worker.snapshot import cpu_state, kind_of, structure_problem, unwrap
 from ..worker.snapshot_io import read_replicated, state_files, write_state
 
@@ -95,6 +96,10 @@ def _named(objects: Optional[Dict[str, Any]], named: Dict[str, Any], what: str) 
         if kind_of(obj) not in KINDS:
             raise ConfigError(f"{what}: {key}={type(obj).__name__} is not a torch module, optimizer, LR "
                               "scheduler, grad scaler or XGBoost / LightGBM booster; only those are saved by name")
+        if is_sharded(obj) or any(is_sharded(p) for g in getattr(obj, "param_groups", ()) for p in g["params"]):
+            raise ConfigError(f"{what}: {key} is sharded (FSDP2), so no rank holds it whole: save it with "
+                              "torch.distributed.checkpoint on every rank into one directory and report "
+                              "Checkpoint.from_directory(d) (Ray's FSDP2 guide); resume with get_checkpoint() + dcp.load")
     return merged
 
 

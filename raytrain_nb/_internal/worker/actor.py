@@ -31,7 +31,7 @@ from .display import WorkerDisplay
 from .forming import FormingWorker
 from .inspecting import CONTROL_METHODS as INSPECTING_CALLS
 from .inspecting import InspectingWorker
-from .mirroring import MirroringWorker
+from .mirroring import MirroringWorker, check_pull
 from .node_poll import NodePeers
 from .framework import call_in, release_current
 from .outcome import CellOutcome, pickle_exception
@@ -293,6 +293,7 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWor
     def pull(self, name: str) -> Any:
         if name not in self.namespace:
             raise NameError(f"name {name!r} is not defined on rank {self.rank}")
+        check_pull(name, self.namespace[name])  # a sharded model: the driver gathers it (below a size) or refuses
         return to_cpu(self.namespace[name])
 
     def shutdown_backend(self) -> None:

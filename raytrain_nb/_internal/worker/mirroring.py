@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional
 
 from ..errors import RecoveryError
 from . import sharded_io, sharded_mirror
+from .sharded import ShardedPull, full_state, is_sharded, local_share
 from .snapshot import find_tracked
 from .torch_utils import get_device
 
@@ -28,6 +29,12 @@ def _version(tracked: Any) -> float:
             if step is not None:
                 total += float(step.to_local().sum() if hasattr(step, "to_local") else step)
     return total
+
+
+def check_pull(name: str, value: Any) -> None:
+    """Raise :class:`~.sharded.ShardedPull` for a sharded model (the driver gathers it or refuses), else nothing."""
+    if is_sharded(value):
+        raise ShardedPull(name, local_share(value))
 
 
 class MirroringWorker:
@@ -74,6 +81,11 @@ class MirroringWorker:
         """Whether this rank's sharded models have not trained since its last mirror."""
         return self._cells.call(lambda: _version(find_tracked(self.namespace, strict=False))
                                 == self.__dict__.get("_mirror_version"))
+
+    def gather_full(self, name: str, rank: int) -> Optional[Dict[str, Any]]:
+        """Every rank: the full state dict of the sharded module ``name`` (all-gathered); kept only on ``rank``."""
+        full = self._cells.call(full_state, self.namespace[name])
+        return full if self.rank == rank else None
 
     def mirror_keep(self, rank: int, mirror: Optional[Dict[str, Any]]) -> int:
         """Keep rank ``rank``'s mirror (replacing its older one); returns its bytes."""

@@ -42,6 +42,25 @@ def is_fsdp2(module: Any) -> bool:
     return cls is not None and isinstance(module, cls)
 
 
+class ShardedPull(Exception):
+    """Raised by a worker's ``pull`` of a sharded module: the driver gathers it (below a size) or refuses.
+
+    ``share`` is :func:`local_share`'s answer (the model's bytes in all, the mesh size)."""
+
+    def __init__(self, name: str, share: Dict[str, int]) -> None:
+        super().__init__(name, share)
+        self.name, self.share = name, share
+
+
+def full_state(module: Any) -> Dict[str, Any]:
+    """The full (gathered) state dict of a sharded module, as CPU tensors (every rank calls it: all-gathers)."""
+    out: Dict[str, Any] = {}
+    for key, value in module.state_dict().items():
+        full = value.full_tensor() if hasattr(value, "full_tensor") else value
+        out[key] = full.detach().to("cpu", copy=True) if hasattr(full, "detach") else full
+    return out
+
+
 def class_name(obj: Any) -> str:
     """``obj``'s class name; a sharded module's own (``Net``, not FSDP's ``FSDPNet``): a new rank's model, sharded
     only once the group forms, is the same object."""
@@ -57,9 +76,12 @@ def is_sharded(module: Any) -> bool:
         return True  # a new rank's model, sharded when the group forms (prepare_model while replaying)
     dtensor = sys.modules.get("torch.distributed.tensor")
     cls = getattr(dtensor, "DTensor", None) if dtensor is not None else None
-    if cls is None or not hasattr(module, "parameters"):
+    if cls is None:
         return False
-    return any(isinstance(p, cls) for p in module.parameters())
+    if isinstance(module, cls):  # a parameter
+        return True
+    return hasattr(module, "parameters") and callable(module.parameters) and any(
+        isinstance(p, cls) for p in module.parameters())
 
 
 def mesh_of(module: Any) -> Any:
