@@ -19,7 +19,9 @@ _LightningEnvironment = require("lightning.pytorch.plugins.environments").Lightn
 logger = logging.getLogger(__name__)
 
 #: What raytrain_nb trains Lightning with, as refusals name it.
-SUPPORTED = "RayDDPStrategy (DDP on the group's process group)"
+SUPPORTED = ("RayDDPStrategy (DDP on the group's process group); for a model sharded over the ranks use FSDP2 "
+             "(prepare_model(model, parallel_strategy='fsdp2') in a torch loop, or fully_shard as in Ray's FSDP2 "
+             "guide); Lightning's ModelParallelStrategy is not offered yet")
 
 
 class RayLightningEnvironment(_LightningEnvironment):
