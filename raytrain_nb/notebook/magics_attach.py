@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List
 
+from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
@@ -45,6 +46,9 @@ class AttachMagics(Magics):
         """
         args = parse_argstring(self.dist_detach, line)
         group = need_group()
+        if group.background is not None and not group.background.done():  # this kernel would go on reading it
+            raise UsageError("a background cell is running: %dist_wait or %dist_interrupt first (a kernel that "
+                             "restarts or dies meanwhile leaves it running, and %dist_attach follows it)")
         left = call(group.detach, args.keep_alive)
         print(f"raytrain_nb: group {group.name} detached; it lives {format_duration(left)} without a kernel "
               f"(%dist_attach {group.name} takes it over)")

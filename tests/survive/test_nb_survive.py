@@ -120,9 +120,14 @@ def test_restart_and_sigkill_keep_the_warm_group(tmp_path, env):
         assert after_restart != before and after_restart[0] == after_restart[1]
         print(f"attach after a restart: {took:.1f} s")
 
+        # the kernel is killed, and a worker dies while no kernel is attached: the group is attached failed
+        worker = int(kernel.ok("import raytrain_nb as _rt\n_rt.active_group().status()[1].pid").value)
         _kill(kernel)
+        os.kill(worker, signal.SIGKILL)
         kernel.ok("%load_ext raytrain_nb")
-        kernel.ok("%dist_attach warm --no-dashboard")
+        attached = kernel.ok("%dist_attach warm --no-dashboard").stdout
+        assert "rank(s) 1 died meanwhile: %dist_restart replaces them" in attached, attached
+        kernel.ok("%dist_restart")  # rank 1 from its live peer, as after any worker's death
         assert _digests(kernel) == after_restart
         kernel.ok(TRAIN)
         status = kernel.ok("%dist_status").stdout
