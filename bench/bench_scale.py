@@ -8,8 +8,9 @@ the driver, a snapshot and a rollback of a small model, ``pull(rank=None)`` (``%
 N -> N/2 -> N, and the shutdown. Beside each, its floor in the same run: the same fan-out as bare calls to the N
 actors (``Worker.ping`` on the group's own actors for the calls that only ask; bare torch actors that each save,
 load or return the same model bytes for snapshot, rollback and pull; N bare torch actors started and pinged for
-the start; a bare ``init_process_group`` at N for the restart, at N/2 and N for the rescale; ``ray.kill`` of N
-bare actors for the shutdown).
+the start; a bare ``init_process_group`` at N for the restart; for the rescale one at N/2, N/2 bare actors started
+and one at N; for the interrupt the ping and one at N, since an interrupted cell forms the process group again;
+``ray.kill`` of N bare actors for the shutdown).
 
 21a-k. Each operation's fitted slope over N (least squares of the medians), ours over the floor's. Target < 1.5x
        (the floor's slope is taken as at least 0.05 ms a rank, so a flat floor does not divide by noise).
@@ -139,7 +140,15 @@ def _bare_floors(n: int, cpus: float, reps: Dict[str, int]) -> Dict[str, float]:
 
     form(n)  # gloo's first use in each process is paid once, as our group paid it at its start
     out["restart"] = _median(lambda: form(n), 2)
-    out["rescale"] = (_median(lambda: form(max(1, n // 2)), 2) + out["restart"]) if n >= 2 else float("nan")
+    if n >= 2:  # a rescale N -> N/2 -> N: a process group at N/2, N/2 new actors started, a process group at N
+        t0 = time.perf_counter()
+        extra = [Bare.options(scheduling_strategy="SPREAD").remote() for _ in range(n // 2)]
+        ray.get([a.ping.remote() for a in extra], timeout=600)
+        spawn = time.perf_counter() - t0
+        out["rescale"] = _median(lambda: form(max(1, n // 2)), 2) + spawn + out["restart"]
+        actors += extra
+    else:
+        out["rescale"] = float("nan")
     t0 = time.perf_counter()
     for a in actors:
         ray.kill(a)
@@ -209,10 +218,12 @@ def _measure(n: int, layout: str, reps: Dict[str, int]) -> Dict[str, Dict[str, f
         t0 = time.perf_counter()
         g.shutdown()
         res["shutdown"]["ours"] = time.perf_counter() - t0
-    for op in ("noop", "print", "report", "where", "interrupt"):
+    for op in ("noop", "print", "report", "where"):
         res[op]["floor"] = floor_ping
     for op, value in _bare_floors(n, cpus, reps).items():
         res[op]["floor"] = value
+    # an interrupted cell ends with the process group formed again (a rank may have been stopped in a collective)
+    res["interrupt"]["floor"] = floor_ping + res["restart"]["floor"]
     return res
 
 
