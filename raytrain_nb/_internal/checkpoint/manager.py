@@ -6,9 +6,8 @@ Two kinds of checkpoints live in a run directory:
 - ``"reported"``: from ``report(metrics, checkpoint=...)``; ranked by ``score_attribute`` and pruned beyond
   ``num_to_keep`` (the latest is never deleted; entries without the score rank lowest).
 
-The index ``checkpoints.json`` is rewritten atomically after every change, so a new kernel can
-list a run's checkpoints with :meth:`CheckpointManager.load` without starting a group. Every
-reported metric also goes to ``metrics.jsonl``, one JSON line each (:func:`append_metrics`).
+The index ``checkpoints.json`` is rewritten atomically after every change, so a new kernel can list a run's
+checkpoints with :meth:`CheckpointManager.load` without starting a group (metrics also go to ``metrics.jsonl``).
 
 Example: ``mgr = CheckpointManager("s3://b/runs/r1", num_to_keep=2, score_attribute="acc")``; ``staged =
 mgr.begin("reported")`` (workers write into ``staged.url``); ``mgr.commit(staged, "reported", {"acc": 0.9})``.

@@ -283,8 +283,7 @@ class WorkerGroup:
         return tracking.track(self._core, tracker, options)
 
     def validation(self, fn: Any, task_config: Any = None, ray_remote_kwargs: Any = None) -> None:
-        """Validate the checkpoints cells report with ``validation=True`` in Ray tasks of their own: ``fn(checkpoint,
-        **kwargs) -> metrics`` or a ``ValidationConfig`` (Ray Train's; :mod:`.validations`)."""
+        """Validate what cells report with ``validation=True`` by ``fn`` or a ``ValidationConfig`` (validations.py)."""
         validations.attach_to_group(self._core, fn, task_config, ray_remote_kwargs)
 
     # -- checkpoints -----------------------------------------------------------------------
