@@ -165,3 +165,12 @@ def test_pull_of_a_sharded_model_gathers_it_below_a_size_and_refuses_above(group
     with pytest.raises(GroupError, match=r"^'model' is sharded over 2 ranks and holds 0 MiB, more than the 0 MiB a "
                                          r"pull gathers: .*dcp_to_torch_save"):
         group.pull("model")
+
+
+def test_status_shows_the_group_is_sharded_and_each_ranks_share(group):
+    from raytrain_nb._internal.group.tables import format_status
+
+    quiet(group, "train_steps(1)")  # a cell that trained: mirrored, shares known
+    rows = group.status()
+    assert [r.shard.split(":")[0] for r in rows] == ["fsdp2 1/2"] * 2 and all("MiB" in r.shard for r in rows)
+    assert "cpu fsdp2 1/2: " in format_status(rows)

@@ -41,7 +41,7 @@ def status(core: "GroupCore", ping_first: bool = True) -> List[WorkerStatus]:
     return [
         WorkerStatus(rank=i, node=s.info.get("node_ip", "?"), pid=s.info.get("pid", 0), device=s.device,
                      state=s.state, last_metrics=dict(core.latest_metrics.get(i, {})), error=s.error,
-                     **core.vitals.of(i))
+                     shard=core.mirrors.share_text(i), **core.vitals.of(i))
         for i, s in enumerate(core.slots)
     ]
 

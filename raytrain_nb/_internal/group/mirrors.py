@@ -63,6 +63,7 @@ class Mirrors:
         self.world = 0
         self.last_bytes = 0
         self.last_s = 0.0
+        self.shares: List[int] = []  # each rank's bytes of shards (parameters and optimizer state) at the refresh
 
     def refresh(self, core: "GroupCore") -> None:
         """Every rank's mirror to its buddy now (a no-op where nothing is sharded or the switch is off)."""
@@ -78,6 +79,7 @@ class Mirrors:
         self.holders = {r: slots[(r + 1) % n].actor for r in range(n)} if self.sharded else {}
         self.world = n if self.sharded else 0
         self.last_bytes, self.last_s = sum(sizes), time.perf_counter() - started
+        self.shares = list(sizes) if self.sharded else []
         if self.sharded:
             logger.debug("mirrored %d bytes of shards in %.3f s", self.last_bytes, self.last_s)
 
@@ -134,6 +136,12 @@ class Mirrors:
             raise GroupError(f"{len(late)} mirror(s) of shards were not handed over within "
                              f"{timing.SNAPSHOT_WRITE_S:g} s: %dist_status shows which ranks do not answer")
         return refs
+
+    def share_text(self, rank: int) -> str:
+        """What rank ``rank`` holds of a sharded group (for ``%dist_status`` and the dashboard), or ""."""
+        if not self.sharded or rank >= len(self.shares):
+            return ""
+        return f"fsdp2 1/{self.world}: {self.shares[rank] / 2**20:.1f} MiB"
 
     def summary(self) -> Optional[str]:
         """One line: what the mirrors cost at the last refresh, or None when nothing is sharded."""

@@ -19,7 +19,7 @@ def format_status(rows: Sequence[Any]) -> str:
     """A fixed-width table of :class:`WorkerStatus` rows."""
     header = ("rank", "node", "pid", "device", "state", "resources", "step", "last metrics")
     table = [header] + [
-        (str(r.rank), r.node, str(r.pid), r.device, r.state + (f" ({r.error})" if r.error and r.state == "dead" else ""),
+        (str(r.rank), r.node, str(r.pid), r.device + (f" {r.shard}" if getattr(r, "shard", "") else ""), r.state + (f" ({r.error})" if r.error and r.state == "dead" else ""),
          resources_text(getattr(r, "resources", {})) or "-",
          step_text(getattr(r, "step_time", None), getattr(r, "slow", False)) or "-", _metrics(r.last_metrics))
         for r in rows

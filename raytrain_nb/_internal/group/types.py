@@ -23,6 +23,8 @@ class WorkerStatus:
     resources: Dict[str, Any] = dataclasses.field(default_factory=dict)
     step_time: Optional[float] = None  # seconds between its last two report() calls in a cell
     slow: bool = False  # its step time stayed above 1.5x its peers' median (``group/vitals.py``)
+    #: a sharded (FSDP2) group: the strategy, the mesh size and this rank's share (``fsdp2 1/2: 3.1 MiB``), else ""
+    shard: str = ""
 
 
 @dataclasses.dataclass

@@ -205,7 +205,7 @@ class DashboardModel:
                     row = self.rows[st.rank] = RankView(rank=st.rank)
                     if old is not None:  # a replacement keeps the cell's progress shape
                         row.total = old.total
-                row.node, row.pid, row.device = st.node, st.pid, st.device
+                row.node, row.pid, row.device = st.node, st.pid, st.device + (f" {st.shard}" if st.shard else "")
                 row.state, row.error = st.state, st.error
                 row.resources = dict(getattr(st, "resources", None) or {})
                 row.step_time, row.slow = getattr(st, "step_time", None), bool(getattr(st, "slow", False))
