@@ -154,3 +154,31 @@ def test_bad_options_are_one_line_errors_naming_the_value(rank, tmp_path):
     finally:
         run_inside.close()
     assert rank.sess.reports_this_cell == 0 and rank.commit() == []
+
+
+def test_on_s3_an_async_report_commits_under_its_name_and_a_killed_upload_is_discarded(endpoint, tmp_path):
+    import uuid
+
+    from .conftest import BUCKET
+
+    r = Rank(f"s3://{BUCKET}/modes-{uuid.uuid4().hex[:8]}", "s3run")
+    try:
+        raytrain_nb.report({"epoch": 0}, checkpoint=local_checkpoint(tmp_path, "s0"), checkpoint_dir_name="epoch_0",
+                           checkpoint_upload_mode=CheckpointUploadMode.ASYNC)
+        assert r.commit() == [("epoch_0", 0)]
+        with pytest.raises(ValueError, match=r"checkpoint_dir_name='epoch_0'.*that name already"):
+            raytrain_nb.report({}, checkpoint=local_checkpoint(tmp_path, "s1"), checkpoint_dir_name="epoch_0")
+        # a 2-rank set whose rank 1 started its upload of epoch_1 and died: the run's next opening discards it
+        staged = reported.report_staging(r.run.url, reported.report_name(r.run.report_base + 5), "epoch_1")
+        reported.upload(staged, 0, local_checkpoint(tmp_path, "s2").path, {}, world_size=2)
+        staged.fs.pipe_file(reported.marker(staged, 1, "started"), b'{"dir": "epoch_1"}')
+        r.run.close()
+        reopened = RunStorage(r.run.url.rsplit("/", 1)[0], "s3run")
+        try:
+            assert [e.name for e in reopened.manager.list("reported")] == ["epoch_0"]
+            assert reported.pending_names(reopened.url) == [] and not staged.fs.exists(staged.final_path)
+        finally:
+            reopened.close()
+    finally:
+        session.set_session(None)
+        r.run.close()
