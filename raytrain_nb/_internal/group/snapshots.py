@@ -168,6 +168,7 @@ def rollback(core: "GroupCore", name_or_index: Union[str, int], run: Optional[st
     results = core.collect([s.actor.rollback.remote(entry.path, allow_pickle) for s in core.slots],
                            timing.SNAPSHOT_WRITE_S, "roll back")
     changed = sorted({n for r in results for n in r["changed"]})
+    core.mirrors.refresh(core)  # a sharded group: the buddies keep the rolled-back shards
     core.event("rollback", snapshot=entry.name, run=run, report_index=core.run_storage.report_base - 1)
     return RollbackResult(entry.name, results[0]["restored"], changed)
 
@@ -181,5 +182,6 @@ def load(core: "GroupCore", source: Any, allow_pickle: bool) -> RollbackResult:
     results = core.collect([s.actor.load_state.remote(url, allow_pickle) for s in core.slots],
                            timing.SNAPSHOT_WRITE_S, "load a checkpoint into")
     changed = sorted({n for r in results for n in r["changed"]})
+    core.mirrors.refresh(core)  # a sharded group: the buddies keep the loaded shards
     core.event("load", checkpoint=url, report_index=core.run_storage.report_base - 1)
     return RollbackResult(url, results[0]["restored"], changed, verb="loaded")
