@@ -149,7 +149,8 @@ def main() -> int:
                                    (20, "bench_tracking", {"quick": args.quick}),
                                    (21, "bench_scale", {"quick": args.quick}),
                                    (22, "bench_report_upload", {"quick": args.quick}),
-                                   (23, "bench_attach", {"quick": args.quick})):
+                                   (23, "bench_attach", {"quick": args.quick}),
+                                   (24, "bench_sharded", {"quick": args.quick})):
         if number in only and os.path.exists(os.path.join(BENCH_DIR, module + ".py")):
             attempt(module, lambda m=module, kw=kwargs: __import__(m).run(**kw))
 
