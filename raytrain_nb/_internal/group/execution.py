@@ -116,8 +116,7 @@ class Runner:
             trained = reports or max(res.forwards for res in results.values())
             self.core.history.append(CellRecord(cell_id, source, not trained if setup is None else bool(setup),
                                                 reports, time.time()))
-            if trained or self.core.mirrors.sharded:  # a sharded group: each rank's shards to its buddy
-                self.core.mirrors.refresh(self.core)
+            self.core.mirrors.after_cell(self.core, source, bool(trained))  # a sharded group: shards to buddies
         return CellResult(values=values, duration=time.perf_counter() - started)
 
     def execute(self, fn: Callable[..., Any], *args: Any, ranks: Optional[Sequence[int]] = None,

@@ -59,6 +59,7 @@ class Mirrors:
     def __init__(self) -> None:
         self.enabled = True
         self.sharded = False  # the group holds a sharded model (known from the last refresh)
+        self.maybe = False  # a cell's source shards a model (fsdp2, fully_shard): look at the next trained cell
         self.holders: Dict[int, Any] = {}  # rank (at the last refresh) -> the actor keeping its mirror
         self.world = 0
         self.last_bytes = 0
@@ -76,12 +77,32 @@ class Mirrors:
         keeps = [slots[(r + 1) % n].actor.mirror_keep.remote(r, takes[r]) for r in range(n)]
         sizes = core.collect(keeps, timing.SNAPSHOT_WRITE_S, "keep each rank's mirror of its shards on its buddy in")
         self.sharded = any(sizes)
+        self.maybe = self.maybe and self.sharded  # looked: nothing sharded yet, until a cell names it again
         self.holders = {r: slots[(r + 1) % n].actor for r in range(n)} if self.sharded else {}
         self.world = n if self.sharded else 0
         self.last_bytes, self.last_s = sum(sizes), time.perf_counter() - started
         self.shares = list(sizes) if self.sharded else []
         if self.sharded:
             logger.debug("mirrored %d bytes of shards in %.3f s", self.last_bytes, self.last_s)
+
+    def after_cell(self, core: "GroupCore", source: str, trained: bool) -> None:
+        """After a whole-group cell: mirror when it trained and the group is (or may now be) sharded. A cell's
+        source that names ``fsdp2`` or ``fully_shard`` makes the group worth a look (a plain DDP group pays nothing
+        per cell); a snapshot looks in any case. A failure here never fails the cell: the mirrors are then marked
+        stale (a restart refuses in one line until the next refresh)."""
+        if "fsdp2" in source or "fully_shard" in source:
+            self.maybe = True
+        if trained and (self.sharded or self.maybe):
+            self.refresh_safely(core)
+
+    def refresh_safely(self, core: "GroupCore") -> None:
+        """:meth:`refresh`, logging instead of raising (what called it succeeded; the mirrors go stale)."""
+        try:
+            self.refresh(core)
+        except Exception as exc:  # noqa: BLE001 - the cell or snapshot itself succeeded
+            logger.warning("the mirrors of the shards could not be refreshed (%s): a lost rank now needs a snapshot",
+                           str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            self.holders, self.world = {}, 0
 
     def turn(self, core: "GroupCore", on: bool) -> Optional[str]:
         """Switch mirroring on (and mirror now) or off (and drop every mirror); returns :meth:`summary`."""

@@ -61,7 +61,7 @@ def checkpoint(core: "GroupCore", name: Optional[str], var_names: Sequence[str],
             core.check_usable()
             core.collect([a.snapshot.remote(staged, list(var_names), not blocking) for a in actors],
                          timing.SNAPSHOT_WRITE_S, "snapshot")
-            core.mirrors.refresh(core)  # a sharded group: each rank's shards to its buddy too
+            core.mirrors.refresh_safely(core)  # between cells: a sharded group's shards to the buddies too
             if not blocking:
                 waits = [a.snapshot_wait.remote(timing.BACKGROUND_WRITE_S) for a in actors]
                 thread = threading.Thread(target=_finish_background, args=(core, staged, waits),
@@ -168,7 +168,8 @@ def rollback(core: "GroupCore", name_or_index: Union[str, int], run: Optional[st
     results = core.collect([s.actor.rollback.remote(entry.path, allow_pickle) for s in core.slots],
                            timing.SNAPSHOT_WRITE_S, "roll back")
     changed = sorted({n for r in results for n in r["changed"]})
-    core.mirrors.refresh(core)  # a sharded group: the buddies keep the rolled-back shards
+    if core.mirrors.sharded:  # the buddies keep the rolled-back shards
+        core.mirrors.refresh_safely(core)
     core.event("rollback", snapshot=entry.name, run=run, report_index=core.run_storage.report_base - 1)
     return RollbackResult(entry.name, results[0]["restored"], changed)
 
@@ -182,6 +183,7 @@ def load(core: "GroupCore", source: Any, allow_pickle: bool) -> RollbackResult:
     results = core.collect([s.actor.load_state.remote(url, allow_pickle) for s in core.slots],
                            timing.SNAPSHOT_WRITE_S, "load a checkpoint into")
     changed = sorted({n for r in results for n in r["changed"]})
-    core.mirrors.refresh(core)  # a sharded group: the buddies keep the loaded shards
+    if core.mirrors.sharded:  # the buddies keep the loaded shards
+        core.mirrors.refresh_safely(core)
     core.event("load", checkpoint=url, report_index=core.run_storage.report_base - 1)
     return RollbackResult(url, results[0]["restored"], changed, verb="loaded")
