@@ -102,8 +102,7 @@ class WorkerGroup:
         logger.info("group %s: %d workers ready", name, num_workers)
 
     def _assemble(self, core: GroupCore, heartbeat_s: float, activate: bool, claimed: Optional[tuple]) -> None:
-        """Build the parts over ``core``: a new group forms its workers; a ``claimed`` one (custodian, owner) has them."""
-        self._core, self._monitor, self._survival = core, None, None
+        self._core, self._monitor, self._survival = core, None, None  # claimed: (custodian, owner) of an attach
         self._formation = Formation(core)
         self._runner = Runner(core, self._formation, self)
         if claimed is None:
@@ -133,9 +132,7 @@ class WorkerGroup:
     def detach(self, keep_alive: Any = None) -> float:
         """Leave this keep-alive group to live on without this kernel for ``keep_alive`` (default: its own) until a
         kernel attaches it (``%dist_detach``); returns those seconds. Raises GroupError for a group without one."""
-        left = detach(self._core, self._survival, self._monitor, keep_alive)
-        leave(self)
-        return left
+        return detach(self, self._core, self._survival, self._monitor, keep_alive)
 
     # -- what the group is (read-only: the group's own parts change it) ---------------------
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from ..durations import parse_duration
 from ..errors import GroupError
+from .active import leave
 from .custodian import Custodian, actor_name
 from .retiring import teardown
 from .state import GroupState
@@ -181,7 +182,7 @@ class Survival:
             logger.debug("ending the custodian of %s: %s", self.core.name, exc)
 
 
-def detach(core: "GroupCore", survival: Optional[Survival], monitor: Any, keep_alive: Any) -> float:
+def detach(group: Any, core: "GroupCore", survival: Optional[Survival], monitor: Any, keep_alive: Any) -> float:
     """Hand a keep-alive group to its custodian: this driver stops watching and gives the run's lease back; the
     group lives for ``keep_alive`` (default: its own) unless a kernel attaches it. Returns those seconds.
 
@@ -199,4 +200,5 @@ def detach(core: "GroupCore", survival: Optional[Survival], monitor: Any, keep_a
     core.run_storage.close()  # the custodian takes the lease from here
     left = survival.detach(seconds)
     core.taken_by = f"group {core.name} was detached from this kernel: %dist_attach {core.name} takes it back"
+    leave(group)  # the magics no longer act on it here
     return left
