@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from typing import Any, Dict, Optional
 
 from ..checkpoint.staging import StagedDir
@@ -24,7 +25,9 @@ logger = logging.getLogger(__name__)
 
 FOLDER = "sharded"
 _write_lock = threading.Lock()  # one DCP write at a time per process: every rank writes in the same order
-_groups: Dict[int, Any] = {}  # the default process group's id -> the gloo group DCP uses on it
+#: [(a weak reference to the default process group, the gloo group DCP uses on it)]: weak, so an old process group
+#: is never kept alive (its gloo sockets open) by this, and a new one at the same address is never mistaken for it
+_groups: list = []
 
 
 def dcp_group() -> Any:
@@ -33,11 +36,9 @@ def dcp_group() -> Any:
     import torch.distributed as dist  # torch: loaded on first use, not on import raytrain_nb
 
     default = dist.group.WORLD
-    key = id(default)
-    if key not in _groups:
-        _groups.clear()  # an earlier process group's: gone with it
-        _groups[key] = dist.new_group(backend="gloo")
-    return _groups[key]
+    if not _groups or _groups[0][0]() is not default:  # none yet, or an earlier process group's: gone with it
+        _groups[:] = [(weakref.ref(default), dist.new_group(backend="gloo"))]
+    return _groups[0][1]
 
 
 def forget_group() -> None:

@@ -97,8 +97,9 @@ def find_tracked(namespace: Dict[str, Any], strict: bool = True) -> Tracked:
         if type(obj).__name__ == "FullyShardedDataParallel":  # each rank holds a shard: no replicated copy
             if strict:
                 raise SnapshotError(f"{path!r} is an FSDP model (prepare_model(parallel_strategy='fsdp')): its "
-                                    "parameters are sharded across the ranks, so snapshots cannot hold it; save it "
-                                    "with torch.distributed.checkpoint and report(checkpoint=...) instead")
+                                    "parameters are sharded across the ranks, so snapshots cannot hold it; use FSDP2 "
+                                    "(parallel_strategy='fsdp2'), whose snapshots keep each rank's shards, or save it "
+                                    "with torch.distributed.checkpoint and report(checkpoint=...)")
             continue  # never broadcast from a peer: every rank's shard differs
         if isinstance(obj, module_class) and is_sharded(obj):  # FSDP2: DTensor shards, written by every rank
             if all(id(obj) != id(m) for m in tracked.sharded.values()):
