@@ -16,7 +16,7 @@ from ray.train import (Checkpoint, CheckpointConfig, CheckpointUploadMode, RunCo
                        ValidationConfig, ValidationTaskConfig)
 from ray.train.torch import TorchTrainer, prepare_model
 
-EPOCHS = 4
+EPOCHS = 3
 
 
 def batch(n, seed):
