@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test tracking-test survive-test tutorials demo bench soak binder-check badges clean
+.PHONY: venv test tracking-test survive-test scale-browser-test tutorials demo bench soak binder-check badges clean
 
 # uv installs the same pins as pip in about a third of the time (parallel downloads and unpacking), compiling
 # bytecode as pip does; it reads no pip configuration, so pip's find-links (the local CPU torch wheel) are passed
@@ -26,7 +26,7 @@ venv: $(STAMP)
 # there (a Tune trial of the Ray Train examples), the one run here (Ctrl-C while a group waits for resources).
 LANES ?= 1
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/tracking --ignore=tests/survive $(if $(filter-out 1,$(LANES)),-n $(LANES) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/tracking --ignore=tests/survive --ignore=tests/scale $(if $(filter-out 1,$(LANES)),-n $(LANES) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 
 # Experiment tracking's tests (tests/tracking: a real `mlflow server` on 127.0.0.1, W&B offline), outside `make test`
 # (the installs and the server are heavy): the [mlflow] and [wandb] extras go into .venv, MLflow's full package (its
@@ -44,6 +44,12 @@ tracking-test: $(STAMP)
 # starting the shared instance its supervisor runs): outside `make test`, about 3-4 minutes. CI runs it after the soak.
 survive-test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/survive $(PYTEST_ARGS)
+
+# The dashboard of a 64-rank group (backend none, a twentieth of a CPU each) in JupyterLab and Chromium: the summary,
+# a range expanded and collapsed (tests/scale): outside `make test`; 6.5 minutes on a loaded 2-core machine, most of it
+# the 64 workers starting. CI runs it after survive-test.
+scale-browser-test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests/scale $(PYTEST_ARGS)
 
 # Sharded (FSDP2) models' heavier tests (tests/sharded: kill + restart, rescale 3 and 2 from buddy mirrors, trainers
 # resumed at another world size): outside `make test` (about 2 minutes). CI runs it after the soak.
