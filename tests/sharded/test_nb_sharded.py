@@ -1,7 +1,8 @@
 """The sharded round trips through the magics in a real Jupyter kernel: %%distributed builds and trains an FSDP2
 model, %dist_status shows each rank's share, %dist_checkpoint / %dist_rollback restore the gathered full tensors,
 and after a SIGKILL %dist_restart, then %dist_rescale 3 and %dist_rescale 2, rebuild every shard from the buddy
-mirrors (the gathered full parameters and AdamW moments equal those at the last mirror point); training goes on."""
+mirrors (the gathered full parameters and AdamW moments equal those at the last mirror point); training goes on.
+With the mirrors off a lost rank is refused in one line, and %dist_restart --from-checkpoint restores the snapshot."""
 from __future__ import annotations
 
 import pytest
@@ -73,10 +74,16 @@ def test_snapshot_rollback_restart_and_rescales_through_the_magics(kernel):
     kernel.ok("%%distributed\ntrain_steps(1)")  # training goes on
 
 
-def test_with_the_mirrors_off_a_lost_rank_is_refused_in_one_line_offering_a_snapshot(kernel):
+def test_with_the_mirrors_off_a_lost_rank_is_refused_in_one_line_and_restarts_from_a_snapshot(kernel):
+    kernel.ok("%dist_checkpoint --name nb-2")
+    full_in_kernel(kernel, "saved2")
     kernel.ok("g = raytrain_nb.active_group(); g.mirror_shards(False)\nos.kill(g.status()[1].pid, signal.SIGKILL)\n"
               "t0 = time.monotonic()\nwhile g.status()[1].state != 'dead':\n"
               "    assert time.monotonic() - t0 < 60, 'rank 1 not seen dead'\n    time.sleep(0.2)")
     error = usage_error(kernel.run("%dist_restart"))  # one line, no traceback
     assert error.startswith("the shards of rank(s) 1 are gone: mirrors of shards are off") and \
         "--from-checkpoint" in error, error
+    kernel.ok("%dist_restart --from-checkpoint nb-2", START_TIMEOUT_S)  # every rank re-shards, then loads it
+    full_in_kernel(kernel, "loaded")
+    assert kernel.ok("same(saved2, loaded)").value == "True"
+    kernel.ok("%%distributed\ntrain_steps(1)")
