@@ -204,13 +204,18 @@ def _measure(n: int, layout: str, reps: Dict[str, int]) -> Dict[str, Dict[str, f
             deadline = time.monotonic() + 60
             while not any(s.state == "dead" for s in g.status()) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            t0 = time.perf_counter()
-            g.restart()
-            res["restart"]["ours"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            g.rescale(max(1, n // 2))
-            g.rescale(n)
-            res["rescale"]["ours"] = time.perf_counter() - t0
+            try:  # a failed recovery is a finding, printed; the other sizes still run
+                t0 = time.perf_counter()
+                g.restart()
+                res["restart"]["ours"] = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                g.rescale(max(1, n // 2))
+                g.rescale(n)
+                res["rescale"]["ours"] = time.perf_counter() - t0
+            except Exception as exc:  # noqa: BLE001
+                print(f"  N={n}: restart or rescale FAILED: {type(exc).__name__}: {str(exc).splitlines()[0]}",
+                      flush=True)
+                res["errors"] = {"recovery": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}
         ping()
         floor_ping = min(floor_ping, _median(ping, max(reps.values())))
     finally:
@@ -309,7 +314,12 @@ def run(quick: bool = False, sizes: Optional[Sequence[int]] = None, layouts: Opt
         try:
             for n in sizes:
                 t0 = time.perf_counter()
-                row = table.setdefault(layout, {})[n] = _measure(n, layout, reps)
+                try:
+                    row = table.setdefault(layout, {})[n] = _measure(n, layout, reps)
+                except Exception as exc:  # noqa: BLE001 - the sizes measured so far still count
+                    print(f"  N={n}: FAILED: {type(exc).__name__}: {str(exc).splitlines()[0]}", flush=True)
+                    table[layout].pop(n, None)
+                    continue
                 loads[f"{layout}-{n}"] = loadavg()
                 with open(os.path.join(RESULTS_DIR, "scale_table.json"), "w") as fh:  # what ran so far, kept
                     json.dump({"table": table, "loads": loads}, fh, indent=1)
