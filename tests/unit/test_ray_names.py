@@ -190,7 +190,8 @@ def test_prepare_model_moves_to_the_device_given():
     assert model.weight.device.type == "meta"
     kept = prepare_model(torch.nn.Linear(3, 1), move_to_device=False, parallel_strategy=None)
     assert kept.weight.device.type == "cpu"
-    with pytest.raises(ValueError, match=r"prepare_model\(parallel_strategy='zero'\): use 'ddp', 'fsdp' or None"):
+    with pytest.raises(ValueError,
+                       match=r"prepare_model\(parallel_strategy='zero'\): use 'ddp', 'fsdp', 'fsdp2' or None"):
         prepare_model(torch.nn.Linear(3, 1), parallel_strategy="zero")
     with pytest.raises(RuntimeError, match=r"parallel_strategy='fsdp'\) needs a process group"):
         prepare_model(torch.nn.Linear(3, 1), parallel_strategy="fsdp")  # no process group in this process
