@@ -70,7 +70,7 @@ if __name__ == "__main__":
             num_to_keep=2, checkpoint_score_attribute="val_loss", checkpoint_score_order="min")),
     )
     result = trainer.fit()
-    best = [(os.path.basename(c.path), m["val_loss"]) for c, m in result.best_checkpoints]
+    best = sorted(((os.path.basename(c.path), m["val_loss"]) for c, m in result.best_checkpoints), key=lambda b: b[1])
     print("best checkpoints:", best)
     assert len(best) == 2 and best[0][1] <= best[1][1], best
     assert all(name.startswith("epoch_") for name, _ in best)
