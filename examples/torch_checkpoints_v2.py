@@ -56,7 +56,7 @@ def train_func(config):
     reported = train.get_all_reported_checkpoints()  # waits for the uploads and the validations
     if rank == 0:
         for rc in reported:
-            print(os.path.basename(rc.checkpoint.path), rc.status.name, round(rc.metrics["val_loss"], 4))
+            print(os.path.basename(rc.checkpoint.path), rc.status.name, rc.metrics.get("val_loss"))
     return [(os.path.basename(rc.checkpoint.path), rc.status.name) for rc in reported]
 
 
