@@ -15,6 +15,7 @@ import tempfile
 from typing import Any, Dict, List
 
 from common import Figure, alternate, fmt_stats, median_ci, section, stats
+from workload import loop_cell
 
 MB = 200
 ROUNDS = 5
@@ -35,25 +36,20 @@ if "{mode}" == "SYNC":  # ASYNC deletes it once uploaded
     shutil.rmtree(_d, ignore_errors=True)
 """
 
-LOOP = """
-import os, tempfile, time
-dist.barrier()
-_c0 = time.process_time()
-_t0 = time.perf_counter()
-for _i in range({steps}):
-    opt.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(model(X), Y)
-    loss.backward()
-    opt.step()
-    if {every} and (_i + 1) % {every} == 0:
+#: After every ``{every}``-th step of workload.loop_cell's DDP loop: a checkpoint reported ASYNC (rank 0's weights).
+ASYNC_EVERY = """\
+    if (_i + 1) % {every} == 0:
         _d = tempfile.mkdtemp()
         if rank == 0:
             torch.save(model.module.state_dict(), os.path.join(_d, "model.pt"))
         train.report({{"loss": loss.item(), "step": _i}}, checkpoint=train.Checkpoint.from_directory(_d),
                      checkpoint_upload_mode=train.CheckpointUploadMode.ASYNC)
-elapsed = time.perf_counter() - _t0
-cpu_time = time.process_time() - _c0
 """
+
+
+def loop(steps: int, every: int) -> str:
+    """The DDP loop of ``steps`` steps, reporting an ASYNC checkpoint every ``every`` steps (0: never)."""
+    return "import os, tempfile\n" + loop_cell(steps, body=ASYNC_EVERY.format(every=every) if every else "")
 
 
 def run(quick: bool = False) -> List[Figure]:
@@ -80,7 +76,7 @@ def run(quick: bool = False) -> List[Figure]:
         print(f"  ASYNC report of {MB} MB blocks the loop {fmt_stats(asynch, 1e3, 'ms')}")
 
         def measure(every: int) -> Dict[str, float]:
-            group.run(LOOP.format(steps=steps, every=every), sink=CollectSink())
+            group.run(loop(steps, every), sink=CollectSink())
             return {"steps_per_s": steps / max(group.pull("elapsed", rank=None)),
                     "steps_per_cpu_s": steps / max(group.pull("cpu_time", rank=None))}
 

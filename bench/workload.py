@@ -53,11 +53,12 @@ cpu_time = time.process_time() - _c0
 """
 
 
-def loop_cell(steps: int, report: bool = False) -> str:
+def loop_cell(steps: int, report: bool = False, body: str = "") -> str:
     """A cell that trains ``steps`` DDP steps; it leaves the loop's wall time in ``elapsed`` and the
-    CPU time its process spent meanwhile (every thread: Ray's and gloo's too) in ``cpu_time``."""
+    CPU time its process spent meanwhile (every thread: Ray's and gloo's too) in ``cpu_time``. ``body``: more lines
+    of the loop's body after each step (indented by four spaces, ending in a newline)."""
     extra = "    train.report({'loss': loss.item(), 'step': _i})\n" if report else ""
-    return _LOOP.format(steps=int(steps), extra=extra)
+    return _LOOP.format(steps=int(steps), extra=extra + body)
 
 
 # Both ranks run the forward (DDP may hold a collective there: its bucket rebuild after the first
