@@ -62,10 +62,10 @@ def _memory_figures(quick: bool) -> List[Figure]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="", help="comma-separated section numbers (1-23)")
+    parser.add_argument("--only", default="", help="comma-separated section numbers (1-24)")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     args = parser.parse_args()
-    only = {int(x) for x in args.only.split(",") if x.strip()} or set(range(1, 24))
+    only = {int(x) for x in args.only.split(",") if x.strip()} or set(range(1, 25))
 
     started = time.time()
     load_start = loadavg()
@@ -133,7 +133,8 @@ def main() -> int:
 
     # Sections with a run() of their own (each starts what it needs): 7 checkpoints, 8 recovery,
     # 9 dashboard, 10 trainer, ..., 18 a no-op cell in a real kernel with the dashboard shown, 19 looking inside,
-    # 20 experiment tracking with its server down, 23 taking over a keep-alive group from a new process.
+    # 20 experiment tracking with its server down, 21 scale, 22 reported checkpoints uploaded, 23 taking over a
+    # keep-alive group from a new process, 24 a sharded (FSDP2) model.
     for number, module, kwargs in ((7, "bench_checkpoint", {"rounds": 3 if args.quick else 7}),
                                    (8, "bench_recovery", {"rounds": 1 if args.quick else 3}),
                                    (9, "bench_dashboard", {"quick": args.quick}), (10, "bench_trainer", {"quick": args.quick}),
