@@ -126,6 +126,9 @@ FOREIGN_PRIVATE = {
     "_forward_pre_hooks_with_kwargs": "torch: as _forward_pre_hooks",
     "_forward_hooks_with_kwargs": "torch: as _forward_pre_hooks",
     "_forward_hooks_always_called": "torch: as _forward_pre_hooks",
+    "_state_dict_pre_hooks": "torch: as _forward_pre_hooks (FSDP2's state-dict hooks of the old mesh go too)",
+    "_load_state_dict_pre_hooks": "torch: as _state_dict_pre_hooks",
+    "_load_state_dict_post_hooks": "torch: as _state_dict_pre_hooks (each FSDP2 parameter's copy into its shard)",
     "_orig_cls_mro_index": "torch FSDP2: where a sharded module's own class is in its class's MRO",
 }
 #: Our markers on other libraries' objects (a function we wrapped, a DDP wrapper, IPython's shell): prefixed so

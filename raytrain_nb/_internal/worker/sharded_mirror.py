@@ -64,6 +64,13 @@ def nbytes(mirror: Dict[str, Any]) -> int:
 
 # -- re-sharding in place ---------------------------------------------------------------------------------------
 
+def _is_fsdp_hook(hook: Any) -> bool:
+    """Whether a module hook is FSDP2's own (a bound method, a partial, a ``_WrappedHook`` or a lambda of its)."""
+    fn = getattr(hook, "hook", hook)  # a load_state_dict pre-hook comes wrapped
+    fn = getattr(fn, "__func__", getattr(fn, "func", fn))
+    return getattr(fn, "__module__", "").startswith("torch.distributed.fsdp")
+
+
 def _strip(model: Any) -> None:
     """Undo ``fully_shard`` on ``model`` and its submodules: their own classes back, FSDP's hooks and state gone,
     and each parameter a plain one of its full shape on the meta device (filled from mirrors later)."""
@@ -77,10 +84,13 @@ def _strip(model: Any) -> None:
                 module._parameters[name] = torch.nn.Parameter(torch.empty(param.shape, dtype=param.dtype,
                                                                           device="meta"),
                                                               requires_grad=param.requires_grad)
-        for hooks in (module._forward_pre_hooks, module._forward_hooks):
+        # FSDP's hooks of the old layout, its state-dict ones too: each old FSDPParam's load_state_dict post-hook
+        # copies the loaded parameter into its own padded shard of the old mesh, so one left behind breaks every
+        # later load_state_dict once the shards grow (a rescale 3 -> 2, then a load) and keeps the old shards alive
+        for hooks in (module._forward_pre_hooks, module._forward_hooks, module._state_dict_pre_hooks,
+                      module._load_state_dict_pre_hooks, module._load_state_dict_post_hooks):
             for key, hook in list(hooks.items()):
-                fn = getattr(hook, "__func__", getattr(hook, "func", hook))
-                if getattr(fn, "__module__", "").startswith("torch.distributed.fsdp"):
+                if _is_fsdp_hook(hook):
                     del hooks[key]
                     module._forward_pre_hooks_with_kwargs.pop(key, None)
                     module._forward_hooks_with_kwargs.pop(key, None)
