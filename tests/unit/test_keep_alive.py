@@ -1,12 +1,16 @@
 """Keep-alive groups without Ray: durations, the custodian's ownership rules, the ``%dist_groups`` table."""
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from raytrain_nb._internal.durations import format_duration, parse_duration
 from raytrain_nb._internal.errors import ConfigError
-from raytrain_nb._internal.group.custodian import Custodian
+from raytrain_nb._internal.group.custodian import EXIT_THREAD, Custodian
 from raytrain_nb.notebook.magics_attach import format_groups
+
+from ..waiting import wait_for
 
 
 @pytest.mark.parametrize("text, seconds", [(None, 0.0), (0, 0.0), (90, 90.0), ("90", 90.0), ("90s", 90.0),
@@ -29,8 +33,23 @@ def _owner(n):
     return {"token": f"t{n}", "pid": 100 + n, "host": "box"}
 
 
-def test_a_live_owner_is_not_taken_over_silently(tmp_path):
-    keeper = Custodian("run-a", str(tmp_path), 60.0, _owner(1))
+@pytest.fixture
+def custodian(tmp_path):
+    """A Custodian in this process, its clock stopped after the test (its keep-alive would otherwise run out in
+    the background and end the group it keeps)."""
+    made = []
+
+    def make(run, keep_alive_s, owner):
+        made.append(Custodian(run, str(tmp_path), keep_alive_s, owner))
+        return made[-1]
+
+    yield make
+    for keeper in made:
+        keeper.stop_watching()
+
+
+def test_a_live_owner_is_not_taken_over_silently(tmp_path, custodian):
+    keeper = custodian("run-a", 60.0, _owner(1))
     assert keeper.beat("t1", busy=False) == ""
     refused = keeper.claim(_owner(2), steal=False)["refused"]
     assert "kernel pid 101 on box" in refused and "--steal" in refused
@@ -42,8 +61,8 @@ def test_a_live_owner_is_not_taken_over_silently(tmp_path):
     assert "attached by kernel pid 102 on box (stolen)" in (tmp_path / "events.log").read_text()
 
 
-def test_a_detached_group_is_claimed_and_counts_its_keep_alive(tmp_path):
-    keeper = Custodian("run-b", str(tmp_path), 60.0, _owner(1))
+def test_a_detached_group_is_claimed_and_counts_its_keep_alive(custodian):
+    keeper = custodian("run-b", 60.0, _owner(1))
     assert keeper.update("t1", 1, ["w0", "w1"], ["pg"], b"state")
     assert not keeper.update("t1", 1, ["old"], [], b"older")  # an update that arrives late is ignored
     assert keeper.detach("t1", 30.0) == 30.0
@@ -64,3 +83,14 @@ def test_the_groups_table():
     assert "run-a" in table[1] and "(gone)" in table[1] and "10 min" in table[1] and "25 min (of 30 min)" in table[1]
     assert "(alive)" in table[2] and "running" in table[2] and "while attached" in table[2]
     assert format_groups([]) == "no keep-alive group is alive here"
+
+
+def test_a_keep_alive_that_runs_out_ends_an_actors_process_only(tmp_path, custodian):
+    """Its end takes the actor's process down with it; a Custodian in any other process (this test's) must not."""
+    keeper = custodian("run-c", 0.2, _owner(1))
+    keeper.detach("t1", 0.2)
+    log = tmp_path / "events.log"
+    wait_for(lambda: log.exists() and "keep-alive of 0.2 s ran out" in log.read_text(), 10.0,
+             "the custodian's clock to end the group")
+    wait_for(lambda: not any(t.name == EXIT_THREAD for t in threading.enumerate()), 10.0,
+             "the custodian's exit thread to return")  # it returned: this process (pytest's) goes on

@@ -29,6 +29,8 @@ PREFIX = "rtnb-custodian:"
 OWNER_SILENT_S = 4.0
 #: How often the custodian looks at its driver and its keep-alive.
 WATCH_S = 0.5
+#: The thread that ends an ended custodian's actor process (only an actor's: see _exit_soon).
+EXIT_THREAD = "rtnb-custodian-exit"
 EVENTS = "events.log"
 
 
@@ -160,6 +162,10 @@ class Custodian:
         """Seconds of keep-alive left while no driver is attached (None while one is)."""
         return None if self.detached_at is None else max(0.0, self.detached_at + self.keep_alive_s - now)
 
+    def stop_watching(self) -> None:
+        """Stop the keep-alive clock's thread without ending the group (a custodian used outside an actor)."""
+        self._ended = True
+
     def _went(self, at: float, how: str) -> None:
         self.detached_at = at
         log_event(self.url, f"{how}: the group lives on without a driver for {self.keep_alive_s:g} s "
@@ -217,10 +223,15 @@ class Custodian:
         elif stop_workers:
             self._drop_owners_lease()
         log_event(self.url, f"group {self.run} {reason}")
-        threading.Thread(target=_exit_soon, daemon=True).start()
+        threading.Thread(target=_exit_soon, name=EXIT_THREAD, daemon=True).start()
 
 
 def _exit_soon() -> None:
-    """End this actor's process once the call that ended it has answered (its name is free again)."""
+    """End this actor's process once the call that ended it has answered (its name is free again). Only an actor's
+    process: a Custodian built in any other process (a driver, a test) never ends that process."""
+    import ray  # ray: the custodian runs in a Ray actor
+
+    if not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:  # (the context would init Ray)
+        return
     time.sleep(0.2)  # let the reply of end() leave first
     os._exit(0)
