@@ -181,6 +181,7 @@ def test_killed_worker_turns_red_and_restart_turns_it_green(group, dash):
 
 
 def test_rescale_button_shrinks_and_grows_the_rows_and_the_group(group, dash):
+    dash.flush()  # the previous test's last cell ended: its end reaches the buttons at the next tick, or now
     b = dash.buttons
     assert b["rescale"].disabled and "already has 2 workers" in b["rescale"].tooltip
     dash.rescale_to.value = 1
