@@ -52,8 +52,8 @@ survive-test: $(STAMP)
 scale-browser-test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/scale $(PYTEST_ARGS)
 
-# Sharded (FSDP2) models' heavier tests (tests/sharded: in a real kernel, kill + restart, rescale 3 and 2 from buddy
-# mirrors; trainers resumed at another world size): outside `make test` (about 3-4 minutes). CI runs it after the soak.
+# Sharded (FSDP2) models' tests (tests/sharded: the round trips on one group; in a real kernel, kill + restart, rescale 3 and 2 from buddy
+# mirrors; trainers resumed at another world size): outside `make test` (about 4-5 minutes). CI runs it after the soak.
 sharded-test: $(STAMP)
 	RAYTRAIN_NB_SHARDED=1 $(PY) -m pytest -q -p no:cacheprovider tests/sharded $(PYTEST_ARGS)
 

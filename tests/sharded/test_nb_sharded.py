@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from ..integration.test_sharded import BUILD, TRAIN_FN
+from .test_sharded_group import BUILD, TRAIN_FN
 from ..notebook.nbkernel import START_TIMEOUT_S, Kernel, strip_ansi, usage_error
 
 #: In the kernel: pull rank 0's gathered full state into ``name`` and compare two of them.
