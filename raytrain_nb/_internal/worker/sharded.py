@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -157,6 +157,20 @@ def shard_targets(model: Any, shard_children: Optional[List[str]]) -> List[Any]:
     return targets
 
 
+def require_process_group(strategy: str, device: Any, joined: bool) -> None:
+    """What sharding (``parallel_strategy`` ``fsdp`` or ``fsdp2``) needs of this rank: a process group, and gloo on
+    CPU. Raises RuntimeError naming the fix."""
+    if not joined:
+        raise RuntimeError(f"prepare_model(parallel_strategy={strategy!r}) needs a process group: use TorchTrainer or "
+                           "a %%distributed group with --backend gloo or nccl, not --backend none")
+    import torch.distributed as dist  # torch.distributed: loaded only for sharded models
+
+    backend = dist.get_backend()
+    if device.type == "cpu" and backend != "gloo":
+        raise RuntimeError(f"prepare_model(parallel_strategy={strategy!r}) on CPU needs the gloo backend, not "
+                           f"{backend}: use TorchConfig(backend='gloo')")
+
+
 def prepare_fsdp2(model: Any, device: Any, kwargs: Dict[str, Any], joined: bool, deferred: bool) -> Any:
     """``fully_shard`` each target (:func:`shard_targets`) and then the root, over every rank of the group.
 
@@ -182,19 +196,13 @@ def prepare_fsdp2(model: Any, device: Any, kwargs: Dict[str, Any], joined: bool,
         remember_recipe(model, targets, kwargs)
         getattr(model, RECIPE)["deferred"] = True
         return model
-    if not joined:
-        raise RuntimeError("prepare_model(parallel_strategy='fsdp2') needs a process group: use TorchTrainer or a "
-                           "%%distributed group with --backend gloo or nccl, not --backend none")
+    require_process_group("fsdp2", device, joined)
     import torch.distributed as dist  # torch.distributed.fsdp: loaded only for FSDP2
     # torch.distributed's checkpoint and FSDP: loaded only for sharded models
     from torch.distributed.device_mesh import init_device_mesh
     # torch.distributed's checkpoint and FSDP: loaded only for sharded models
     from torch.distributed.fsdp import fully_shard
 
-    backend = dist.get_backend()
-    if device.type == "cpu" and backend != "gloo":
-        raise RuntimeError(f"prepare_model(parallel_strategy='fsdp2') on CPU needs the gloo backend, not {backend}: "
-                           "use TorchConfig(backend='gloo')")
     if is_fsdp2(model):
         raise ValueError(f"prepare_model(parallel_strategy='fsdp2'): {type(model).__name__} is already sharded "
                          "(fully_shard was applied); pass the model before sharding, or use it as it is")

@@ -108,13 +108,9 @@ def _fsdp(model: torch.nn.Module, device: torch.device, kwargs: Dict[str, Any], 
         raise RuntimeError("prepare_model(parallel_strategy='fsdp') cannot run while a new rank replays the group's "
                            "setup cells: an FSDP model is sharded across the ranks that built it; build it in a cell "
                            "after the group re-formed")
-    if not joined:
-        raise RuntimeError("prepare_model(parallel_strategy='fsdp') needs a process group: use TorchTrainer or a "
-                           "%%distributed group with --backend gloo or nccl, not --backend none")
-    backend = dist.get_backend()
-    if device.type == "cpu" and backend != "gloo":
-        raise RuntimeError(f"prepare_model(parallel_strategy='fsdp') on CPU needs the gloo backend, not {backend}: "
-                           "use TorchConfig(backend='gloo')")
+    from .sharded import require_process_group  # the sharding strategies' shared checks
+
+    require_process_group("fsdp", device, joined)
     # torch.distributed.fsdp: loaded only for FSDP (it imports much of torch.distributed)
     from torch.distributed.fsdp import FullyShardedDataParallel
 
