@@ -101,4 +101,6 @@ def test_restart_from_the_menu_then_attach(lab):
         expect(_output(page, 3)).to_contain_text("same weights: True")
         _run_cell(page, 4)
         expect(_output(page, 4)).to_contain_text("shut down")
+        shown = [_output(page, i).inner_text() for i in (2, 3, 4)]
         browser.close()
+    assert "same weights: True" in shown[1] and not any("Traceback" in text for text in shown), shown

@@ -94,3 +94,4 @@ def test_a_keep_alive_that_runs_out_ends_an_actors_process_only(tmp_path, custod
              "the custodian's clock to end the group")
     wait_for(lambda: not any(t.name == EXIT_THREAD for t in threading.enumerate()), 10.0,
              "the custodian's exit thread to return")  # it returned: this process (pytest's) goes on
+    assert keeper.claim(_owner(2), steal=False) == {"refused": "group run-c has ended"}  # ended, process alive
