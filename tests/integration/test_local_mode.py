@@ -12,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = textwrap.dedent("""
+    import os
     import torch
     import torch.distributed as dist
     import raytrain_nb as train
@@ -29,7 +30,10 @@ SCRIPT = textwrap.dedent("""
 
 
     result = TorchTrainer(train_func, scaling_config=ScalingConfig(num_workers=0)).fit()
-    print("RESULT", *result.return_value, result.metrics["total"], dist.is_initialized(), result.path, flush=True)
+    # one write of one whole line: both processes share the pipe, and print's pieces of two lines can interleave
+    line = " ".join(map(str, ["RESULT", *result.return_value, result.metrics["total"], dist.is_initialized(),
+                              result.path]))
+    os.write(1, (line + "\\n").encode())
 """)
 
 
