@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test tracking-test survive-test scale-browser-test tutorials demo bench soak binder-check badges clean
+.PHONY: venv test scripts-test tracking-test survive-test scale-browser-test tutorials demo bench soak binder-check badges clean
 
 # uv installs the same pins as pip in about a third of the time (parallel downloads and unpacking), compiling
 # bytecode as pip does; it reads no pip configuration, so pip's find-links (the local CPU torch wheel) are passed
@@ -26,7 +26,14 @@ venv: $(STAMP)
 # there (a Tune trial of the Ray Train examples), the one run here (Ctrl-C while a group waits for resources).
 LANES ?= 1
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/tracking --ignore=tests/survive --ignore=tests/scale $(if $(filter-out 1,$(LANES)),-n $(LANES) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/tracking --ignore=tests/survive --ignore=tests/scale -m "not scripts" $(if $(filter-out 1,$(LANES)),-n $(LANES) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
+
+# Whole runs (tests marked `scripts`): the Ray Train example scripts with only their imports changed (examples/ and
+# each framework's), a script under torchrun, Tune sweeps (ASHA, Ctrl-C) and multi-node clusters (ray.cluster_utils:
+# a lost node, an elastic run), each from start to end. Outside `make test` (about 11 minutes on a 2-core machine
+# whose single-core reference loop takes 2.7 s: a third of the suite's time there); CI runs it after `make test`.
+scripts-test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m scripts tests/integration $(PYTEST_ARGS)
 
 # Experiment tracking's tests (tests/tracking: a real `mlflow server` on 127.0.0.1, W&B offline), outside `make test`
 # (the installs and the server are heavy): the [mlflow] and [wandb] extras go into .venv, MLflow's full package (its

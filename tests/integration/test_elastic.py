@@ -117,6 +117,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.scripts
 @pytest.mark.timeout(600)
 def test_elastic_run_shrinks_when_a_node_is_lost_and_grows_back(tmp_path):
     env = {**os.environ, "RAYTRAIN_NB_STORAGE_PATH": str(tmp_path)}

@@ -62,6 +62,7 @@ RUNNER = textwrap.dedent("""
 
 
 # exclusive: two Tune trials of two workers each fill the machine; beside another lane's test a trial failed
+@pytest.mark.scripts
 @pytest.mark.exclusive
 @pytest.mark.timeout(600)
 def test_ray_train_examples_run_after_the_import_change(tmp_path):

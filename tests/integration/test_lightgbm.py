@@ -68,6 +68,7 @@ def _nets(group):
     return group.pull("net", rank=None)
 
 
+@pytest.mark.scripts
 def test_example_runs_after_the_import_change_and_resumes_from_the_newest_checkpoint(ray_session, tmp_path, capsys):
     source = EXAMPLE.read_text()
     ported = port(source)

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "lightning_torch_trainer.py"
 
 
+@pytest.mark.scripts
 def test_example_runs_after_the_import_change_and_resumes_from_the_newest_checkpoint(ray_session, tmp_path, capsys):
     source = EXAMPLE.read_text()
     ported = port(source)

@@ -37,6 +37,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.scripts
 @pytest.mark.timeout(300)
 def test_under_torchrun_each_process_runs_the_function_in_one_process_group_and_leaves_none(tmp_path):
     script = tmp_path / "script.py"

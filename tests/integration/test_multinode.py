@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 SCRIPT = textwrap.dedent("""
     import json, os, signal, threading, time
     import ray
@@ -75,6 +77,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.scripts
 def test_spread_over_nodes_a_lost_node_restarted_elsewhere_then_rescale(tmp_path):
     env = {**os.environ, "RAYTRAIN_NB_STORAGE_PATH": str(tmp_path)}
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=400, env=env)

@@ -64,6 +64,7 @@ def _value(result, rank: int) -> str:
     return result.values[rank][0]["text/plain"]
 
 
+@pytest.mark.scripts
 def test_example_runs_after_the_import_change_and_a_failure_restarts_every_rank(ray_session, tmp_path, capsys):
     source = EXAMPLE.read_text()
     ported = port(source)

@@ -83,6 +83,7 @@ class StopWatch(tune.Callback):
             thread.join(timeout=35)
 
 
+@pytest.mark.scripts
 @pytest.mark.exclusive  # a timing bound: the other test lane waits (tests/lanes.py)
 @pytest.mark.timeout(300)
 def test_asha_stops_weak_trials_and_their_workers_at_once(tmp_path):
@@ -144,6 +145,7 @@ def test_the_callback_belongs_in_a_trial():
         RunConfig(callbacks=[TuneReportCallback()])
 
 
+@pytest.mark.scripts
 @pytest.mark.timeout(240)
 def test_ctrl_c_stops_the_sweep_its_workers_and_placement_groups(ray_session, tmp_path):
     import ray
