@@ -42,6 +42,19 @@ opt.zero_grad(); loss.backward(); opt.step()
 
 
 @contextlib.contextmanager
+def pickled_by_value(module: Any) -> Iterator[Any]:
+    """Ray sends ``module``'s functions by value meanwhile: workers and trial actors need not import the tests
+    package to run them."""
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(module)
+    try:
+        yield module
+    finally:
+        ray.cloudpickle.unregister_pickle_by_value(module)
+
+
+@contextlib.contextmanager
 def set_up_group(setup: str, num_workers: int = 2, **options: Any) -> Iterator[WorkerGroup]:
     """A ``num_workers`` gloo group that has run the cell ``setup``; shut down on exit."""
     g = WorkerGroup(num_workers, **options)

@@ -4,6 +4,7 @@ cannot start says so in one line, and its timeout is recorded on the checkpoint.
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -11,6 +12,8 @@ from raytrain_nb import CheckpointUploadMode, FailureConfig, RunConfig, ScalingC
 from raytrain_nb._internal.checkpoint import reported
 from raytrain_nb._internal.checkpoint.manager import CheckpointManager
 from raytrain_nb.torch import TorchTrainer
+
+from ..groups import pickled_by_value
 
 pytestmark = pytest.mark.ray
 
@@ -55,14 +58,8 @@ def loop(config):
 
 @pytest.fixture(scope="module", autouse=True)
 def by_value(ray_session):
-    import sys
-
-    import ray.cloudpickle
-
-    module = sys.modules[__name__]
-    ray.cloudpickle.register_pickle_by_value(module)
-    yield
-    ray.cloudpickle.unregister_pickle_by_value(module)
+    with pickled_by_value(sys.modules[__name__]):
+        yield
 
 
 def test_a_rank_killed_mid_async_upload_commits_nothing_partial_and_fit_resumes_from_the_newest_complete(tmp_path):

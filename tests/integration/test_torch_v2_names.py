@@ -12,18 +12,16 @@ import torch
 from raytrain_nb import RunConfig, ScalingConfig, WorkerGroupError
 from raytrain_nb.torch import TorchConfig, TorchTrainer
 
+from ..groups import pickled_by_value
+
 pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module", autouse=True)
 def by_value(ray_session):
     """Workers get this module's loop functions by value (they need not import the tests package)."""
-    import ray.cloudpickle
-
-    module = sys.modules[__name__]
-    ray.cloudpickle.register_pickle_by_value(module)
-    yield
-    ray.cloudpickle.unregister_pickle_by_value(module)
+    with pickled_by_value(sys.modules[__name__]):
+        yield
 
 
 def fsdp_loop(config):

@@ -12,6 +12,7 @@ from raytrain_nb import (CheckpointConfig, ControllerError, CSVLoggerCallback, D
                          UserCallback, WorkerDiedError, WorkerGroupError)
 from raytrain_nb.torch import TorchTrainer
 
+from ..groups import pickled_by_value
 from . import train_loops
 
 STEPS = 6
@@ -21,11 +22,8 @@ pytestmark = pytest.mark.ray
 @pytest.fixture(scope="module", autouse=True)
 def by_value(ray_session):
     """Workers get the loop functions by value (they need not import the tests package)."""
-    import ray.cloudpickle
-
-    ray.cloudpickle.register_pickle_by_value(train_loops)
-    yield
-    ray.cloudpickle.unregister_pickle_by_value(train_loops)
+    with pickled_by_value(train_loops):
+        yield
 
 
 class Collect(UserCallback):

@@ -15,6 +15,7 @@ import pytest
 from raytrain_nb import FailureConfig, RunConfig, ScalingConfig
 from raytrain_nb.torch import TorchTrainer
 
+from ..groups import pickled_by_value
 from .test_examples import ROOT, port
 
 pytest.importorskip("transformers")
@@ -24,17 +25,14 @@ pytestmark = pytest.mark.ray
 @pytest.fixture(scope="module")
 def example(ray_session, tmp_path_factory):
     """examples/transformers_torch_trainer.py with its imports changed, as a module pickled by value."""
-    import ray.cloudpickle
-
     path = tmp_path_factory.mktemp("example") / "rtnb_transformers_example.py"
     path.write_text(port((ROOT / "examples" / "transformers_torch_trainer.py").read_text()))
     spec = importlib.util.spec_from_file_location("rtnb_transformers_example", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
-    ray.cloudpickle.register_pickle_by_value(module)
-    yield module
-    ray.cloudpickle.unregister_pickle_by_value(module)
+    with pickled_by_value(module):
+        yield module
     sys.modules.pop(spec.name, None)
 
 

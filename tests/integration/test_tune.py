@@ -25,6 +25,7 @@ from raytrain_nb._internal.train.trial import TuneTrial, check_beside_trial
 from raytrain_nb.torch import TorchTrainer
 from raytrain_nb.tune import TuneReportCallback
 
+from ..groups import pickled_by_value
 from ..waiting import wait_for
 from . import tune_trials
 
@@ -36,11 +37,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module", autouse=True)
 def by_value(ray_session):
     """Trial actors and workers get the trial functions by value (they need not import the tests package)."""
-    import ray.cloudpickle
-
-    ray.cloudpickle.register_pickle_by_value(tune_trials)
-    yield
-    ray.cloudpickle.unregister_pickle_by_value(tune_trials)
+    with pickled_by_value(tune_trials):
+        yield
 
 
 def _actors() -> Dict[str, dict]:

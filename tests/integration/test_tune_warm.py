@@ -13,7 +13,7 @@ import torch
 from raytrain_nb import Checkpoint, CheckpointError, GroupError
 from raytrain_nb.tune import warm_start
 
-from ..groups import SETUP, STEP, quiet, rank_params, set_up_group
+from ..groups import SETUP, STEP, pickled_by_value, quiet, rank_params, set_up_group
 from . import warm_trials
 
 pytestmark = pytest.mark.ray
@@ -24,14 +24,10 @@ LRS = [0.001, 0.02]
 @pytest.fixture(scope="module")
 def group(ray_session):
     """A 2-worker group with ``model`` and ``opt`` (tests/groups.py SETUP) that has trained 3 steps."""
-    import ray.cloudpickle
-
-    ray.cloudpickle.register_pickle_by_value(warm_trials)
-    with set_up_group(SETUP) as g:
+    with pickled_by_value(warm_trials), set_up_group(SETUP) as g:
         for _ in range(3):
             quiet(g, STEP)
         yield g
-    ray.cloudpickle.unregister_pickle_by_value(warm_trials)
 
 
 def _saved_params(checkpoint):

@@ -14,7 +14,7 @@ from raytrain_nb._internal.checkpoint.reported import report_index
 from raytrain_nb._internal.group.group import active_group
 from raytrain_nb._internal.tracking import background
 from raytrain_nb.torch import TorchTrainer
-from tests.groups import SETUP, quiet
+from tests.groups import SETUP, pickled_by_value, quiet
 from tests.waiting import wait_for
 
 from . import loops
@@ -39,11 +39,8 @@ for i in range(n):
 @pytest.fixture(scope="module", autouse=True)
 def by_value(ray_session):
     """Workers get the loop functions by value (they need not import the tests package)."""
-    import ray.cloudpickle
-
-    ray.cloudpickle.register_pickle_by_value(loops)
-    yield
-    ray.cloudpickle.unregister_pickle_by_value(loops)
+    with pickled_by_value(loops):
+        yield
 
 
 class Indices(UserCallback):
