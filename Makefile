@@ -28,12 +28,14 @@ LANES ?= 1
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/tracking --ignore=tests/survive --ignore=tests/scale -m "not scripts" $(if $(filter-out 1,$(LANES)),-n $(LANES) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 
-# Whole runs (tests marked `scripts`): the Ray Train example scripts with only their imports changed (examples/ and
-# each framework's), a script under torchrun, Tune sweeps (ASHA, Ctrl-C) and multi-node clusters (ray.cluster_utils:
-# a lost node, an elastic run), each from start to end. Outside `make test` (about 11 minutes on a 2-core machine
-# whose single-core reference loop takes 2.7 s: a third of the suite's time there); CI runs it after `make test`.
+# Whole runs (tests marked `scripts`), each in processes or a Ray instance of its own, from start to end: the Ray
+# Train example scripts with only their imports changed (examples/ and each framework's), a script under torchrun,
+# Tune sweeps (ASHA, Ctrl-C), multi-node clusters (ray.cluster_utils: a lost node, an elastic run), instances with
+# token authentication, a fake-GPU instance and one reached through RAY_ADDRESS, the quickstart through `make demo`'s
+# runner, a kernel told one CPU and a terminal IPython. Outside `make test` (about 13 minutes on a 2-core machine
+# whose single-core reference loop takes 2.4-2.7 s: 40 % of the suite's time there); CI runs it after `make test`.
 scripts-test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m scripts tests/integration $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -m scripts tests/integration tests/notebook $(PYTEST_ARGS)
 
 # Experiment tracking's tests (tests/tracking: a real `mlflow server` on 127.0.0.1, W&B offline), outside `make test`
 # (the installs and the server are heavy): the [mlflow] and [wandb] extras go into .venv, MLflow's full package (its

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 GPU_SCRIPT = textwrap.dedent("""
     import json, os
     # the embedded instance, told it has 2 GPUs (Ray takes the count as given: this machine has none)
@@ -52,6 +54,7 @@ def _run(script, env=None, timeout=600):
     return json.loads(line[len("RESULT "):])
 
 
+@pytest.mark.scripts
 def test_each_rank_gets_its_own_gpu():
     res = _run(GPU_SCRIPT)
     seen = res["seen"]
@@ -63,6 +66,7 @@ def test_each_rank_gets_its_own_gpu():
     assert "could not form the process group" in res["nccl"] and "\n" not in res["nccl"]
 
 
+@pytest.mark.scripts
 def test_an_existing_cluster_is_used_through_ray_address(ray_session):
     address = ray_session.get_runtime_context().gcs_address
     res = _run(ADDRESS_SCRIPT, env={"RAY_ADDRESS": address})

@@ -19,6 +19,8 @@ import pytest
 
 from ..waiting import wait_for
 
+pytestmark = pytest.mark.scripts  # every test starts a Ray instance or a client process of its own
+
 REPO = Path(__file__).resolve().parents[2]
 AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS")
 

@@ -6,7 +6,7 @@ import pytest
 
 from .nbkernel import Kernel, usage_error
 
-pytestmark = [pytest.mark.notebook, pytest.mark.ray]
+pytestmark = [pytest.mark.notebook, pytest.mark.ray, pytest.mark.scripts]  # a kernel of its own, told 1 CPU
 
 SHARE_NOTE = "the workers share its CPUs"
 

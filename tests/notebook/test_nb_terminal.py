@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.notebook
+pytestmark = [pytest.mark.notebook, pytest.mark.scripts]  # a terminal IPython session of its own
 
 SCRIPT = '''\
 %load_ext raytrain_nb

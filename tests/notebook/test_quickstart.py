@@ -34,6 +34,7 @@ def _cell(nb, first_line: str):
     return matches[0]
 
 
+@pytest.mark.scripts
 def test_quickstart_trains_evaluates_and_shuts_down(tmp_path):
     out = tmp_path / "quickstart.executed.ipynb"
     proc = _demo(QUICKSTART, out)
