@@ -174,3 +174,33 @@ def test_status_shows_the_group_is_sharded_and_each_ranks_share(group):
     rows = group.status()
     assert [r.shard.split(":")[0] for r in rows] == ["fsdp2 1/2"] * 2 and all("MiB" in r.shard for r in rows)
     assert "cpu fsdp2 1/2: " in format_status(rows)
+
+
+SHARDLIB = """
+import torch
+from torch.distributed.fsdp import fully_shard
+
+
+def build():
+    torch.manual_seed(1)
+    net = torch.nn.Linear(512, 512)
+    fully_shard(net)
+    return net
+"""
+
+
+def _mib(group):
+    return [float(r.shard.split(": ")[1].split(" MiB")[0]) for r in group.status()]
+
+
+def test_a_model_sharded_by_the_users_own_package_is_mirrored_once_it_trains(group, tmp_path):
+    # the cells never name fsdp2 or fully_shard, never report, and train no prepared model: each rank says its
+    # shards stepped since their mirror, and the driver mirrors them
+    (tmp_path / "shardlib.py").write_text(SHARDLIB)
+    quiet(group, f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nimport shardlib\n"
+                 "net = shardlib.build()\nnet_opt = torch.optim.AdamW(net.parameters(), lr=1e-2)")
+    before = _mib(group)
+    quiet(group, "loss = net(torch.randn(4, 512)).sum(); net_opt.zero_grad(); loss.backward(); net_opt.step()")
+    after = _mib(group)
+    # net's share on each rank: half of its 1 MiB of parameters and twice that in AdamW's moments
+    assert all(a - b > 1.0 for a, b in zip(after, before)), (before, after)

@@ -85,14 +85,17 @@ class Mirrors:
         if self.sharded:
             logger.debug("mirrored %d bytes of shards in %.3f s", self.last_bytes, self.last_s)
 
-    def after_cell(self, core: "GroupCore", source: str, trained: bool) -> None:
-        """After a whole-group cell: mirror when it trained and the group is (or may now be) sharded. A cell's
-        source that names ``fsdp2`` or ``fully_shard`` makes the group worth a look (a plain DDP group pays nothing
-        per cell); a snapshot looks in any case. A failure here never fails the cell: the mirrors are then marked
-        stale (a restart refuses in one line until the next refresh)."""
+    def after_cell(self, core: "GroupCore", source: str, trained: bool, stepped: bool = False) -> None:
+        """After a whole-group cell: mirror when a rank says its sharded models changed since their mirror
+        (``stepped``: however the model was built, by ``prepare_model``, by ``fully_shard`` in the cell or in a
+        function of the user's package), or when the cell trained and the group is (or may now be) sharded. A
+        cell's source that names ``fsdp2`` or ``fully_shard`` makes the group worth a look; a plain DDP group pays
+        nothing per cell (its workers never load ``torch.distributed.tensor``); a snapshot looks in any case. A
+        failure here never fails the cell: the mirrors are then marked stale (a restart refuses in one line until
+        the next refresh)."""
         if "fsdp2" in source or "fully_shard" in source:
             self.maybe = True
-        if trained and (self.sharded or self.maybe):
+        if stepped or (trained and (self.sharded or self.maybe)):
             self.refresh_safely(core)
 
     def refresh_safely(self, core: "GroupCore") -> None:

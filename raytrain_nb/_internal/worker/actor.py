@@ -1,8 +1,7 @@
 """The worker: one per rank, a plain class wrapped with ``ray.remote`` when spawned.
 
-User code (cells and functions) runs on one long-lived thread per worker, so
-grad mode, autocast and the CUDA device persist between cells. Control calls
-(``poll``, ``interrupt``, ``release``, ``ping``) run in a separate Ray
+User code (cells and functions) runs on one long-lived thread per worker, so grad mode, autocast and the CUDA
+device persist between cells. Control calls (``poll``, ``interrupt``, ``release``, ``ping``) run in a separate Ray
 concurrency group and are answered while a cell runs.
 """
 from __future__ import annotations
@@ -186,6 +185,7 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWor
     def _end(self, result: CellOutcome) -> CellOutcome:
         self.uploads.abandon()  # a cell that failed: its uploads still running end before its records are read
         self._take_requested()  # a snapshot asked for during the cell, which reported no step since
+        result.shards_stepped = self._shards_stepped()  # sharded models changed: the driver mirrors them
         try:
             self._capture.stop()
         finally:

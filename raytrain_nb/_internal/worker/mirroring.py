@@ -77,6 +77,18 @@ class MirroringWorker:
         self.__dict__["_mirror_version"] = version
         return sharded_mirror.take(tracked)
 
+    def _shards_stepped(self) -> bool:
+        """On the cell thread at a cell's end: whether this rank holds sharded models not mirrored as they are now
+        (their optimizers stepped since the last mirror, or none was taken). Free where nothing can be sharded."""
+        if "torch.distributed.tensor" not in sys.modules:
+            return False
+        try:
+            tracked = find_tracked(self.namespace, strict=False)
+            return bool(tracked.sharded) and _version(tracked) != self.__dict__.get("_mirror_version")
+        except Exception:  # noqa: BLE001 - a look for the driver's sake: it never fails the cell
+            logger.debug("could not tell whether this rank's shards changed", exc_info=True)
+            return False
+
     def mirror_is_clean(self) -> bool:
         """Whether this rank's sharded models have not trained since its last mirror."""
         return self._cells.call(lambda: _version(find_tracked(self.namespace, strict=False))

@@ -40,6 +40,8 @@ class CellOutcome:
         metrics: ``report()`` records since the last poll.
         reports: how many times the cell called ``report()``.
         forwards: forward passes of prepared models during the cell.
+        shards_stepped: this rank holds sharded (FSDP2) models whose optimizers stepped since its last mirror (or
+            that were never mirrored): the driver mirrors the group's shards after the cell, however they were built.
         interrupted: an interrupt reached the rank's user code.
         pg_broken: the rank's process group was broken to release a collective.
         fingerprint: fingerprints of the plain variables after the cell.
@@ -55,6 +57,7 @@ class CellOutcome:
     metrics: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
     reports: int = 0
     forwards: int = 0
+    shards_stepped: bool = False
     interrupted: bool = False
     pg_broken: bool = False
     fingerprint: Dict[str, str] = dataclasses.field(default_factory=dict)
