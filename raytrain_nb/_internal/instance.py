@@ -23,6 +23,7 @@ from typing import Any, Dict, Iterator, Optional
 
 from . import settings
 from .errors import GroupError
+from .processes import pid_alive
 
 logger = logging.getLogger(__name__)
 
@@ -37,20 +38,6 @@ def record_path() -> str:
     return os.path.join(settings.instance_dir(), RECORD)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (its parent has not reaped it) is gone for us
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
 def read_record() -> Optional[Dict[str, Any]]:
     """The record of a running shared instance, or None (none written, or its supervisor has ended)."""
     try:
@@ -58,7 +45,7 @@ def read_record() -> Optional[Dict[str, Any]]:
             record = json.load(fh)
     except (OSError, ValueError):
         return None
-    if not isinstance(record, dict) or not isinstance(record.get("pid"), int) or not _alive(record["pid"]):
+    if not isinstance(record, dict) or not isinstance(record.get("pid"), int) or not pid_alive(record["pid"]):
         return None
     return record
 

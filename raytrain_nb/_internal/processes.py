@@ -1,4 +1,5 @@
-"""This process's child processes: which there are, and ending some (what a failed Ray start left)."""
+"""Processes of this machine: whether one still runs, this process's children, and ending some (what a failed Ray
+start left)."""
 from __future__ import annotations
 
 import logging
@@ -7,6 +8,21 @@ import signal
 from typing import Set
 
 logger = logging.getLogger(__name__)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host still runs (a zombie, ended but not yet reaped by its parent, does not)."""
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists, owned by someone else
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):  # no /proc here: it exists
+        return True
 
 
 def children(running: str = "") -> Set[int]:

@@ -151,8 +151,8 @@ from raytrain_nb._internal import cluster
 cluster.connect(shared=True)
 from ray.util import placement_group_table
 deadline = time.time() + 60
-while time.time() < deadline and open(sys.argv[1]).read().count("ran out") == 0:
-    time.sleep(0.2)
+while time.time() < deadline and not (os.path.exists(sys.argv[1]) and "ran out" in open(sys.argv[1]).read()):
+    time.sleep(0.2)  # the log is written from the custodian's first event on
 time.sleep(1.0)
 actors = [a for a in ray.util.list_named_actors(all_namespaces=True)]
 from ray._private import state  # the GCS's own actor table (the state API needs Ray's dashboard, which is off)

@@ -1,6 +1,10 @@
 """Keep-alive groups without Ray: durations, the custodian's ownership rules, the ``%dist_groups`` table."""
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -59,6 +63,27 @@ def test_a_live_owner_is_not_taken_over_silently(tmp_path, custodian):
     assert "taken over by kernel pid 102 on box" in told and "--steal" in told
     assert keeper.beat("t2", busy=True) == ""
     assert "attached by kernel pid 102 on box (stolen)" in (tmp_path / "events.log").read_text()
+
+
+@pytest.mark.parametrize("reaped", [True, False], ids=["gone", "zombie"])
+def test_an_owner_of_this_machine_that_ended_is_taken_over_at_once(custodian, reaped):
+    # a killed kernel beat a moment ago: its successor attaches without waiting out the silence, and without --steal
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    if reaped:
+        ended.wait()
+    else:
+        wait_for(lambda: open(f"/proc/{ended.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z", 30,
+                 "the child to end unreaped")
+    try:
+        keeper = custodian("run-c", 60.0, {"token": "t1", "pid": ended.pid, "host": socket.gethostname()})
+        assert keeper.beat("t1", busy=False) == ""
+        assert not keeper.describe()["owner_alive"]
+        got = keeper.claim(_owner(2), steal=False)
+        assert "refused" not in got and got["stolen_from"] == "", got
+    finally:
+        ended.wait()
+    alive = custodian("run-d", 60.0, {"token": "t3", "pid": os.getpid(), "host": socket.gethostname()})
+    assert "refused" in alive.claim(_owner(4), steal=False)  # this process runs: still refused
 
 
 def test_a_detached_group_is_claimed_and_counts_its_keep_alive(custodian):

@@ -24,7 +24,7 @@ import uuid
 from typing import Any, Dict, Optional
 
 from ..errors import RunInUseError
-from .staging import pid_alive
+from ..processes import pid_alive
 from .storage import is_local, join, resolve, to_url
 
 logger = logging.getLogger(__name__)

@@ -36,6 +36,7 @@ from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
 from ..errors import CheckpointError, describe
+from ..processes import pid_alive
 from .storage import (fsync_dir, is_dir_name, is_local, join, newest_mtime, read_json, resolve, to_url, unsafe_relpath,
                       write_bytes_atomic)
 
@@ -365,17 +366,6 @@ def _abandoned(fs: AbstractFileSystem, path: str) -> Optional[str]:
     if time.time() - newest_mtime(fs, path) >= LEFTOVER_AGE_S:
         return f"an interrupted write of another host (or unreadable marker), untouched for {LEFTOVER_AGE_S:.0f}s"
     return None
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` of this host still exists."""
-    try:
-        os.kill(pid, 0)  # signal 0: only asks whether the process exists
-    except ProcessLookupError:
-        return False
-    except OSError:  # it exists, owned by someone else
-        return True
-    return True
 
 
 def _remove(fs: AbstractFileSystem, found: List[Tuple[str, str]]) -> List[str]:

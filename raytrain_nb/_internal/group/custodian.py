@@ -14,12 +14,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import threading
 import time
 from typing import Any, Dict, List, Optional
 
 from ..checkpoint.lease import LEASE_FILE, RunLease
 from ..checkpoint.storage import join, resolve
+from ..processes import pid_alive
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +53,13 @@ def log_event(run_url: str, line: str) -> None:
 
 def describe_owner(owner: Dict[str, Any]) -> str:
     return f"kernel pid {owner.get('pid', '?')} on {owner.get('host', '?')}"
+
+
+def ended_here(owner: Dict[str, Any]) -> bool:
+    """Whether the owner is a process of this machine that has ended: a killed kernel is gone at once, before its
+    silence says so (a restarted kernel attaches within a second or two)."""
+    pid = owner.get("pid")
+    return owner.get("host") == socket.gethostname() and isinstance(pid, int) and not pid_alive(pid)
 
 
 class Custodian:
@@ -114,7 +123,7 @@ class Custodian:
             if self._ended:
                 return {"refused": f"group {self.run} has ended"}
             now = time.time()
-            alive = self.detached_at is None and now - self.last_beat < OWNER_SILENT_S
+            alive = self._owner_alive(now)
             old = self.owner
             if alive and not steal:
                 return {"refused": f"group {self.run} is attached to {describe_owner(old)}, which is alive: "
@@ -134,6 +143,10 @@ class Custodian:
             return {"workers": self.workers, "pgs": self.pgs, "state": self.state, "keep_alive_s": self.keep_alive_s,
                     "stolen_from": describe_owner(old) if alive else "", "keep_alive_left": left}
 
+    def _owner_alive(self, now: float) -> bool:
+        """The owner beat within :data:`OWNER_SILENT_S` and is not a process of this machine that has ended."""
+        return self.detached_at is None and now - self.last_beat < OWNER_SILENT_S and not ended_here(self.owner)
+
     def set_keep_alive(self, token: str, keep_alive_s: float) -> None:
         with self._lock:
             if token == self.owner.get("token"):
@@ -144,7 +157,7 @@ class Custodian:
         with self._lock:
             now = time.time()
             return {"run": self.run, "url": self.url, "size": len(self.workers), "owner": describe_owner(self.owner),
-                    "owner_alive": self.detached_at is None and now - self.last_beat < OWNER_SILENT_S,
+                    "owner_alive": self._owner_alive(now),
                     "age_s": now - self.created, "idle_s": None if self.busy else now - self.idle_since,
                     "keep_alive_s": self.keep_alive_s, "keep_alive_left_s": self.left(now)}
 
