@@ -26,3 +26,13 @@ def test_worker_api_outside_a_worker_says_where_it_works():
         raytrain_nb.report({"loss": 1.0})
     with pytest.raises(RuntimeError, match=r"get_context\(\) works only on a worker"):
         raytrain_nb.get_context()
+
+
+def test_the_magics_and_the_group_leave_torch_to_the_workers():
+    # %load_ext raytrain_nb and a group's driver side: a kernel that trains nothing itself never loads torch (about
+    # 150 MB of a 2 GB Binder pod)
+    code = ("import sys, raytrain_nb.notebook.magics, raytrain_nb._internal.group.group, "
+            "raytrain_nb._internal.group.formation, raytrain_nb._internal.worker.actor\n"
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

@@ -14,7 +14,6 @@ from ..errors import RecoveryError
 from . import sharded_io, sharded_mirror
 from .sharded import ShardedPull, full_state, is_sharded, local_share
 from .snapshot import find_tracked
-from .torch_utils import get_device
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +126,8 @@ class MirroringWorker:
     def _reshard(self, mirrors: List[Dict[str, Any]]) -> List[str]:
         tracked = find_tracked(self.namespace, strict=False)
         sharded_io.forget_group()  # the DCP group of the old process group is gone with it
+        from .torch_utils import get_device  # torch: the driver imports this module, and never needs torch
+
         done = sharded_mirror.reshard(tracked, mirrors, get_device())
         self.__dict__["_mirror_version"] = None
         return done
