@@ -51,18 +51,18 @@ tracking-test: $(STAMP)
 
 # Groups that outlive their kernel (tests/survive: real kernels restarted, SIGKILLed and contending, each round trip
 # starting the shared instance its supervisor runs) and JupyterLab's Kernel > Restart in a real browser: outside
-# `make test`; 11 minutes measured here at a load average of 10-24 from other work on 2 cores. CI runs it after the soak.
+# `make test`; 3.5 minutes on a quiet 2-core machine, 11 at a load average of 10-24. CI runs it after the soak.
 survive-test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/survive $(PYTEST_ARGS)
 
 # The dashboard of a 64-rank group (backend none, a twentieth of a CPU each) in JupyterLab and Chromium: the summary,
-# a range expanded and collapsed (tests/scale): outside `make test`; 6.5 minutes on a loaded 2-core machine, most of it
+# a range expanded and collapsed (tests/scale): outside `make test`; 2.5 minutes on a quiet 2-core machine (6.5 loaded), most of it
 # the 64 workers starting. CI runs it after survive-test.
 scale-browser-test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/scale $(PYTEST_ARGS)
 
 # Sharded (FSDP2) models' tests (tests/sharded: the round trips on one group; in a real kernel, kill + restart, rescale 3 and 2 from buddy
-# mirrors; trainers resumed at another world size): outside `make test` (about 4-5 minutes). CI runs it after the soak.
+# mirrors; trainers resumed at another world size): outside `make test` (1.5 minutes on a quiet machine, 4-5 loaded). CI runs it after the soak.
 sharded-test: $(STAMP)
 	RAYTRAIN_NB_SHARDED=1 $(PY) -m pytest -q -p no:cacheprovider tests/sharded $(PYTEST_ARGS)
 
