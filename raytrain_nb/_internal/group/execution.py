@@ -117,7 +117,7 @@ class Runner:
             self.core.history.append(CellRecord(cell_id, source, not trained if setup is None else bool(setup),
                                                 reports, time.time()))
             stepped = any(res.shards_stepped for res in results.values())
-            self.core.mirrors.after_cell(self.core, source, bool(trained), stepped)  # sharded: shards to buddies
+            self.core.mirrors.after_cell(self.core, bool(trained), stepped)  # a sharded group: shards to buddies
         return CellResult(values=values, duration=time.perf_counter() - started)
 
     def execute(self, fn: Callable[..., Any], *args: Any, ranks: Optional[Sequence[int]] = None,

@@ -59,7 +59,6 @@ class Mirrors:
     def __init__(self) -> None:
         self.enabled = True
         self.sharded = False  # the group holds a sharded model (known from the last refresh)
-        self.maybe = False  # a cell's source shards a model (fsdp2, fully_shard): look at the next trained cell
         self.holders: Dict[int, Any] = {}  # rank (at the last refresh) -> the actor keeping its mirror
         self.world = 0
         self.last_bytes = 0
@@ -77,7 +76,6 @@ class Mirrors:
         keeps = [slots[(r + 1) % n].actor.mirror_keep.remote(r, takes[r]) for r in range(n)]
         sizes = core.collect(keeps, timing.SNAPSHOT_WRITE_S, "keep each rank's mirror of its shards on its buddy in")
         self.sharded = any(sizes)
-        self.maybe = self.maybe and self.sharded  # looked: nothing sharded yet, until a cell names it again
         self.holders = {r: slots[(r + 1) % n].actor for r in range(n)} if self.sharded else {}
         self.world = n if self.sharded else 0
         self.last_bytes, self.last_s = sum(sizes), time.perf_counter() - started
@@ -85,17 +83,13 @@ class Mirrors:
         if self.sharded:
             logger.debug("mirrored %d bytes of shards in %.3f s", self.last_bytes, self.last_s)
 
-    def after_cell(self, core: "GroupCore", source: str, trained: bool, stepped: bool = False) -> None:
+    def after_cell(self, core: "GroupCore", trained: bool, stepped: bool) -> None:
         """After a whole-group cell: mirror when a rank says its sharded models changed since their mirror
-        (``stepped``: however the model was built, by ``prepare_model``, by ``fully_shard`` in the cell or in a
-        function of the user's package), or when the cell trained and the group is (or may now be) sharded. A
-        cell's source that names ``fsdp2`` or ``fully_shard`` makes the group worth a look; a plain DDP group pays
-        nothing per cell (its workers never load ``torch.distributed.tensor``); a snapshot looks in any case. A
-        failure here never fails the cell: the mirrors are then marked stale (a restart refuses in one line until
-        the next refresh)."""
-        if "fsdp2" in source or "fully_shard" in source:
-            self.maybe = True
-        if stepped or (trained and (self.sharded or self.maybe)):
+        (``stepped``, :attr:`CellOutcome.shards_stepped`: a new sharded model, or its optimizer stepped, however
+        the model was sharded), or when the cell trained a group already known sharded. A plain DDP group pays
+        nothing per cell (its workers never load ``torch.distributed.tensor``). A failure here never fails the cell:
+        the mirrors are then marked stale (a restart refuses in one line until the next refresh)."""
+        if stepped or (trained and self.sharded):
             self.refresh_safely(core)
 
     def refresh_safely(self, core: "GroupCore") -> None:

@@ -68,13 +68,16 @@ class MirroringWorker:
         tracked = find_tracked(self.namespace, strict=False)
         if not tracked.sharded:
             return None
-        version = _version(tracked)
-        if require_clean and version != self.__dict__.get("_mirror_version"):
+        if require_clean and self._stepped_since_mirror(tracked):
             raise RecoveryError(f"rank {self.rank} trained since its last mirror and its mirror is gone with its "
                                 "buddy, so no consistent copy of every rank's shards is left: restart from a "
                                 "snapshot (%dist_restart --from-checkpoint NAME)")
-        self.__dict__["_mirror_version"] = version
+        self.__dict__["_mirror_version"] = _version(tracked)
         return sharded_mirror.take(tracked)
+
+    def _stepped_since_mirror(self, tracked: Any) -> bool:
+        """Whether this rank's sharded optimizers stepped since its last mirror (or none was taken)."""
+        return _version(tracked) != self.__dict__.get("_mirror_version")
 
     def _shards_stepped(self) -> bool:
         """On the cell thread at a cell's end: whether this rank holds sharded models not mirrored as they are now
@@ -83,15 +86,14 @@ class MirroringWorker:
             return False
         try:
             tracked = find_tracked(self.namespace, strict=False)
-            return bool(tracked.sharded) and _version(tracked) != self.__dict__.get("_mirror_version")
+            return bool(tracked.sharded) and self._stepped_since_mirror(tracked)
         except Exception:  # noqa: BLE001 - a look for the driver's sake: it never fails the cell
             logger.debug("could not tell whether this rank's shards changed", exc_info=True)
             return False
 
     def mirror_is_clean(self) -> bool:
         """Whether this rank's sharded models have not trained since its last mirror."""
-        return self._cells.call(lambda: _version(find_tracked(self.namespace, strict=False))
-                                == self.__dict__.get("_mirror_version"))
+        return self._cells.call(lambda: not self._stepped_since_mirror(find_tracked(self.namespace, strict=False)))
 
     def gather_full(self, name: str, rank: int) -> Optional[Dict[str, Any]]:
         """Every rank: the full state dict of the sharded module ``name`` (all-gathered); kept only on ``rank``."""
