@@ -12,11 +12,13 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from ..durations import parse_duration
 from ..errors import GroupError
+from ..waits import wait_until
 from .active import leave
 from .custodian import Custodian, actor_name
 from .retiring import teardown
@@ -180,6 +182,20 @@ class Survival:
             ray.get(self.custodian.end.remote(self.token, reason), timeout=CONTROL_CALL_S)
         except Exception as exc:  # noqa: BLE001 - gone already is fine
             logger.debug("ending the custodian of %s: %s", self.core.name, exc)
+        name = actor_name(self.core.name)
+
+        def freed(slice_s: float) -> bool:
+            try:
+                ray.get_actor(name)
+            except ValueError:
+                return True
+            time.sleep(min(slice_s, 0.05))  # Ray frees the name once the custodian's process has exited
+            return False
+
+        # shut down means gone from %dist_groups and its name free for a new group, before the magic returns
+        if not wait_until(freed, CONTROL_CALL_S, f"the custodian of {self.core.name} to exit", logger):
+            logger.warning("the custodian of %s did not exit within %.0f s; %%dist_groups may list it a while",
+                           self.core.name, CONTROL_CALL_S)
 
 
 def detach(group: Any, core: "GroupCore", survival: Optional[Survival], monitor: Any, keep_alive: Any) -> float:
