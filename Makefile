@@ -50,8 +50,10 @@ tracking-test: $(STAMP)
 	MLFLOW_SERVER_EXE=$(MLFLOW_SERVER_VENV)/bin/mlflow $(PY) -m pytest -q -p no:cacheprovider tests/tracking $(PYTEST_ARGS)
 
 # Groups that outlive their kernel (tests/survive: real kernels restarted, SIGKILLed and contending, each round trip
-# starting the shared instance its supervisor runs) and JupyterLab's Kernel > Restart in a real browser: outside
-# `make test`; 3.5 minutes on a quiet 2-core machine, 11 at a load average of 10-24. CI runs it after the soak.
+# starting the shared instance its supervisor runs; two notebooks' groups side by side; a group on a cluster of the
+# test's own reached with --address) and JupyterLab's Kernel > Restart in a real browser: outside `make test`; 3.5
+# minutes on a quiet 2-core machine before the last two (they add about 1.5), 11 at a load average of 10-24. CI runs
+# it after the soak.
 survive-test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/survive $(PYTEST_ARGS)
 
