@@ -212,6 +212,7 @@ class Dispatch:
             if polled.get("collective"):
                 waiting[rank] = polled["collective"]
         self._emit_metrics(metrics)
+        self.core.mirrors.staged(self.core, polls)  # mirrors taken every K reports: to the buddies
         if waiting and self.results:  # ranks wait in a collective for peers whose call already ended
             tell_finished(self._slot(0).actor, self.results, waiting, self._told)
         self.watch.round_done()

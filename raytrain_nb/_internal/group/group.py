@@ -297,9 +297,9 @@ class WorkerGroup:
         """
         return checkpoint(self._core, name, list(vars), blocking, timeout_s)
 
-    def mirror_shards(self, on: bool = True) -> Optional[str]:
-        """Keep (default) or drop each rank's copy of its FSDP2 shards in a buddy's memory; what it costs (mirrors)."""
-        return self._core.mirrors.turn(self._core, on)
+    def mirror_shards(self, on: bool = True, every: int = 0) -> Optional[str]:
+        """Keep (``every``: also every that many reports) or drop each rank's FSDP2 shards in a buddy; its cost."""
+        return self._core.mirrors.turn(self._core, on, every)
 
     def rollback(self, name_or_index: Any = "latest", *, run: Optional[str] = None,
                  allow_pickle: bool = False) -> RollbackResult:

@@ -9,6 +9,14 @@ touched), then, once the process group re-formed, every rank re-shards from them
 Cost: each rank holds its buddy's shards besides its own (about twice the memory of its share of parameters and
 optimizer state), and each training cell ends with one copy of every rank's shards. ``WorkerGroup.mirror_shards(
 False)`` turns it off; then a lost rank of a sharded group is restored only from a snapshot.
+
+``mirror_shards(True, every=K)`` mirrors inside a long cell too: every K-th ``report()`` each rank takes a mirror on
+its training thread (one take per K reports, the step's pause) and names it in its poll; the driver has its buddy
+stage it on the control threads (:meth:`Mirrors.stage`) and switches to that *point* only once every rank's mirror
+of it is kept, so a rank dying between its take and its buddy's keep leaves the previous complete point in use. A
+restart after a kill mid-cell then restores the state of the last complete point rather than the cell's start.
+Meanwhile a buddy holds a rank's point in use and the ones being staged (usually one), and each rank its own takes
+from the point in use on in the object store (a restart whose buddy died takes that rank's own copy of the point).
 """
 from __future__ import annotations
 
@@ -64,6 +72,13 @@ class Mirrors:
         self.last_bytes = 0
         self.last_s = 0.0
         self.shares: List[int] = []  # each rank's bytes of shards (parameters and optimizer state) at the refresh
+        self.every = 0  # also mirror every this many reports inside a cell (0: only between cells)
+        self.epoch = 0  # counts the refreshes: a point is (epoch, takes inside cells since)
+        self.point: Tuple[int, int] = (0, 0)  # the newest point every rank's buddy keeps (what a restart uses)
+        self.point_report = 0  # the report of the running (or last) cell the point was taken at (0: between cells)
+        self._staging: Dict[Tuple[int, int], Dict[int, Any]] = {}  # point -> rank -> its buddy's stage call
+        self._reports: Dict[Tuple[int, int], int] = {}  # point -> the report it was taken at
+        self.restored_report = 0  # the report of the cell the last restart or rescale took the shards at (0: end)
 
     def refresh(self, core: "GroupCore") -> None:
         """Every rank's mirror to its buddy now (a no-op where nothing is sharded or the switch is off)."""
@@ -72,9 +87,12 @@ class Mirrors:
         slots = list(core.slots)
         n = len(slots)
         started = time.perf_counter()
-        takes = [s.actor.mirror_take.remote() for s in slots]
-        keeps = [slots[(r + 1) % n].actor.mirror_keep.remote(r, takes[r]) for r in range(n)]
+        self.epoch += 1
+        point, self._staging, self._reports = (self.epoch, 0), {}, {}
+        takes = [s.actor.mirror_take.remote(point=point, every=self.every) for s in slots]
+        keeps = [slots[(r + 1) % n].actor.mirror_keep.remote(r, takes[r], point) for r in range(n)]
         sizes = core.collect(keeps, timing.SNAPSHOT_WRITE_S, "keep each rank's mirror of its shards on its buddy in")
+        self.point, self.point_report = point, 0
         self.sharded = any(sizes)
         self.holders = {r: slots[(r + 1) % n].actor for r in range(n)} if self.sharded else {}
         self.world = n if self.sharded else 0
@@ -82,6 +100,54 @@ class Mirrors:
         self.shares = list(sizes) if self.sharded else []
         if self.sharded:
             logger.debug("mirrored %d bytes of shards in %.3f s", self.last_bytes, self.last_s)
+
+    def staged(self, core: "GroupCore", polls: Dict[int, Dict[str, Any]]) -> None:
+        """:meth:`stage` where a poll names a mid-cell mirror or one is being staged (else nothing to do)."""
+        if self._staging or any("mirrors" in polled for polled in polls.values()):
+            self.stage(core, polls)
+
+    def stage(self, core: "GroupCore", polls: Dict[int, Dict[str, Any]]) -> None:
+        """A poll round's mid-cell mirrors (``every=K``): each to its rank's buddy (refs only, on the buddy's control
+        threads), then the newest point every rank's buddy has kept becomes the point a restart uses."""
+        import ray  # ray: loaded when a group runs, not on import raytrain_nb
+
+        slots = list(core.slots)
+        n = len(slots)
+        for rank, polled in polls.items():
+            for taken in polled.get("mirrors", ()):
+                point = tuple(taken["point"])
+                if not self.sharded or n != self.world or point[0] != self.epoch or point <= self.point:
+                    continue  # from before the last refresh, or older than the point in use
+                buddy = slots[(rank + 1) % n].actor
+                self._staging.setdefault(point, {})[rank] = buddy.mirror_stage.remote(rank, point, taken["ref"],
+                                                                                       self.point)
+                self._reports[point] = taken["report"]
+        for point in sorted(self._staging, reverse=True):
+            calls = self._staging[point]
+            if len(calls) < n:
+                continue
+            ready, _ = ray.wait(list(calls.values()), num_returns=n, timeout=0)
+            if len(ready) < n:
+                continue
+            try:
+                sizes = ray.get([calls[r] for r in range(n)], timeout=timing.CONTROL_CALL_S)
+            except Exception as exc:  # noqa: BLE001 - a buddy died: this point is never complete
+                logger.debug("mid-cell mirror point %s dropped: %s", point, exc)
+                del self._staging[point]
+                continue
+            if min(sizes) >= 0:  # -1: a buddy ignored it (a newer point in use there)
+                self.point, self.point_report = point, self._reports.get(point, 0)
+                self.shares, self.last_bytes = list(sizes), sum(sizes)
+                for slot in slots:  # each rank drops its own older takes (fire and forget: nothing waits)
+                    if not slot.gone:
+                        slot.actor.mirror_committed.remote(point)
+                logger.debug("mirror point %s (report %d) kept by every buddy", point, self.point_report)
+                break
+            del self._staging[point]
+            self._reports.pop(point, None)
+        for point in [p for p in self._staging if p <= self.point]:
+            del self._staging[point]
+            self._reports.pop(point, None)
 
     def after_cell(self, core: "GroupCore", trained: bool, stepped: bool) -> None:
         """After a whole-group cell: mirror when a rank says its sharded models changed since their mirror
@@ -101,9 +167,12 @@ class Mirrors:
                            str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             self.holders, self.world = {}, 0
 
-    def turn(self, core: "GroupCore", on: bool) -> Optional[str]:
-        """Switch mirroring on (and mirror now) or off (and drop every mirror); returns :meth:`summary`."""
-        self.enabled = bool(on)
+    def turn(self, core: "GroupCore", on: bool, every: int = 0) -> Optional[str]:
+        """Switch mirroring on (and mirror now; ``every``: inside cells too, every that many reports) or off (and
+        drop every mirror); returns :meth:`summary`."""
+        if every < 0 or int(every) != every:
+            raise GroupError(f"every={every!r}: give a whole number of reports (0: mirror between cells only)")
+        self.enabled, self.every = bool(on), int(every) if on else 0
         if on:
             self.refresh(core)
             return self.summary()
@@ -129,6 +198,8 @@ class Mirrors:
         Raises:
             GroupError: a rank's shards are gone (one line, offering ``--from-checkpoint``).
         """
+        if self._staging:
+            self.stage(core, {})  # a point whose every mirror was kept after the last poll
         slots = list(core.slots)
         live = {id(s.actor) for s in slots if not s.gone}
         kept = {r for r in range(self.world) if id(self.holders.get(r)) in live}
@@ -137,8 +208,12 @@ class Mirrors:
         if gone:
             raise GroupError(LOST_SHARDS.format(ranks=", ".join(map(str, gone)),
                                          why="their buddy, which kept their mirror, is gone too"))
-        clean = core.collect([slots[r].actor.mirror_is_clean.remote() for r in retake], timing.CONTROL_CALL_S,
-                             "say whether they trained since their mirror in")
+        owns = core.collect([slots[r].actor.mirror_own.remote(self.point) for r in retake], timing.CONTROL_CALL_S,
+                            "hand over their own copy of the mirror point in")
+        own = {r: ref for r, ref in zip(retake, owns) if ref is not None}  # a mid-cell point: still referenced
+        retake = [r for r in retake if r not in own]
+        clean = core.collect([slots[r].actor.mirror_is_clean.remote(self.point) for r in retake],
+                             timing.CONTROL_CALL_S, "say whether they trained since their mirror in")
         dirty = [r for r, ok in zip(retake, clean) if not ok]
         if dirty:
             raise GroupError(LOST_SHARDS.format(ranks=", ".join(map(str, dirty)), why=(
@@ -146,13 +221,17 @@ class Mirrors:
                 "match the others' mirror point")))
         # refs only: each rank fetches them when it re-shards; the driver never holds the shards. They are in the
         # object store before any worker (a holder among them) is retired.
-        refs = [self.holders[r].mirror_get.remote(r) if r in kept else slots[r].actor.mirror_take.remote()
-                for r in range(self.world)]
+        refs = [self.holders[r].mirror_get.remote(r, self.point) if r in kept else
+                own[r] if r in own else slots[r].actor.mirror_take.remote() for r in range(self.world)]
         _, late = wait_within(refs, timing.SNAPSHOT_WRITE_S, "every rank's mirror of its shards to be handed over",
                               log=logger)
         if late:
             raise GroupError(f"{len(late)} mirror(s) of shards were not handed over within "
                              f"{timing.SNAPSHOT_WRITE_S:g} s: %dist_status shows which ranks do not answer")
+        self.restored_report = self.point_report
+        if self.point_report:
+            logger.info("the shards come back as they were at report %d of the last cell (its last mirror point)",
+                        self.point_report)
         return refs
 
     def share_text(self, rank: int) -> str:
@@ -165,5 +244,5 @@ class Mirrors:
         """One line: what the mirrors cost at the last refresh, or None when nothing is sharded."""
         if not self.sharded:
             return None
-        state = "on" if self.enabled else "off"
+        state = ("on" if self.enabled else "off") + (f", every {self.every} reports too" if self.every else "")
         return f"mirrors of shards {state}: {self.last_bytes / 2**20:.1f} MiB kept by buddies, {self.last_s:.2f} s"

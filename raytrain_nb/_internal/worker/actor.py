@@ -30,7 +30,7 @@ from .display import WorkerDisplay
 from .forming import FormingWorker
 from .inspecting import CONTROL_METHODS as INSPECTING_CALLS
 from .inspecting import InspectingWorker
-from .mirroring import MirroringWorker, check_pull
+from .mirroring import CONTROL_METHODS as MIRROR_CALLS, MirroringWorker, check_pull
 from .node_poll import NodePeers
 from .framework import call_in, release_current
 from .outcome import CellOutcome, pickle_exception
@@ -322,7 +322,7 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWor
             "metrics": self.session.drain() if self.session is not None else [],
             "running": running,
             "collective": waiting_at(),
-            **self._inspect_poll(),
+            **self._inspect_poll(), **self._mirror_poll(),
         }
 
     def poll_node(self, ranks: Sequence[int], handles: Optional[Dict[int, Any]] = None) -> Dict[int, Dict[str, Any]]:
@@ -380,7 +380,7 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWor
 
 
 CONTROL_METHODS = ("ping", "poll", "poll_node", "activity", "release", "stack", "interrupt", "request_snapshot",
-                   "cancel_snapshot", "snapshot_wait", "pull") + COLLECTIVE_CALLS + INSPECTING_CALLS  # pull: works while a cell runs
+                   "cancel_snapshot", "snapshot_wait", "pull") + COLLECTIVE_CALLS + INSPECTING_CALLS + MIRROR_CALLS  # pull: in a cell too
 for _name in CONTROL_METHODS:  # what ray.method(concurrency_group="control") sets
     getattr(Worker, _name).__ray_concurrency_group__ = "control"
 Worker.watch.__ray_concurrency_group__ = "monitor"

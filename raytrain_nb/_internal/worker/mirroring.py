@@ -3,12 +3,19 @@
 Each rank takes a mirror of its own shards (:func:`.sharded_mirror.take`) when the driver asks; the driver hands it
 to the rank's buddy, which keeps it in its memory (:meth:`MirroringWorker.mirror_keep`). After the process group
 re-forms, every rank re-shards its sharded modules in place from the mirrors (:meth:`MirroringWorker.reshard`).
+
+With a cadence (``mirror_shards(True, every=K)``) each rank also takes one on its training thread inside every K-th
+``report()`` of a whole-group cell (:meth:`MirroringWorker._mirror_step`), puts it in the object store and names it
+in its next poll; the driver has the buddy stage it (:meth:`MirroringWorker.mirror_stage`, on the control threads, so
+never behind the buddy's cell). Points are ``(epoch, n)``: ``epoch`` from the driver's last refresh, ``n`` counting
+the takes since, the same on every rank as every rank reports at the same step.
 """
 from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Dict, List, Optional
+import threading
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import RecoveryError
 from . import sharded_io, sharded_mirror
@@ -16,6 +23,15 @@ from .sharded import ShardedPull, full_state, is_sharded, local_share
 from .snapshot import find_tracked
 
 logger = logging.getLogger(__name__)
+
+#: The worker's mirror calls answered on the control threads, while a cell runs.
+CONTROL_METHODS = ("mirror_stage", "mirror_own", "mirror_committed")
+
+#: At most this many of its own mid-cell takes a rank keeps referenced (in the object store), from the point in use
+#: on, for a restart whose buddy died (normally the point in use and the one or two taken since).
+OWN_KEPT = 8
+
+Point = Tuple[int, int]
 
 
 def _version(tracked: Any) -> float:
@@ -43,29 +59,49 @@ class MirroringWorker:
     rank: int
     _cells: Any
 
-    def _mirror_store(self) -> Dict[int, Any]:
+    session: Any
+    _partial: bool
+
+    def _mirror_store(self) -> Dict[int, Dict[Any, Any]]:
+        """Rank -> point -> the mirror this worker keeps for it (the committed point and points being staged)."""
         store = self.__dict__.get("_held_mirrors")
         if store is None:
+            self.__dict__.setdefault("_held_lock", threading.Lock())
             store = self.__dict__["_held_mirrors"] = {}
         return store
+
+    def _mirror_state(self) -> Dict[str, Any]:
+        """This rank's own side of the cadence: every K reports, its point, its last takes and the unsent ones."""
+        state = self.__dict__.get("_mirror_cadence")
+        if state is None:
+            state = self.__dict__["_mirror_cadence"] = {"every": 0, "point": None, "own": {}, "out": [],
+                                                        "lock": threading.Lock()}
+        return state
 
     def sharded_share(self) -> Optional[Dict[str, Any]]:
         """This rank's share of its sharded models (strategy, mesh size, bytes here and in all), or None."""
         return self._cells.call(lambda: sharded_io.share(find_tracked(self.namespace, strict=False)))
 
-    def mirror_take(self, require_clean: bool = False) -> Optional[Dict[str, Any]]:
-        """A mirror of this rank's shards now, or None without sharded models.
+    def mirror_take(self, require_clean: bool = False, point: Optional[Point] = None,
+                    every: Optional[int] = None) -> Optional[Dict[str, Any]]:
+        """A mirror of this rank's shards now, or None without sharded models; ``point``: the driver's refresh
+        names it (a new epoch of mid-cell points), ``every``: take one every that many reports too (0: never).
 
         Raises:
             RecoveryError: with ``require_clean``, this rank trained since its last mirror (then a fresh mirror
                 would not match the others' mirror point).
         """
         if "torch.distributed.tensor" not in sys.modules:  # nothing can be sharded: no walk, no cell-thread call
+            if every is not None:
+                self._set_cadence(0)
             return None
-        return self._cells.call(self._take_mirror, require_clean)
+        return self._cells.call(self._take_mirror, require_clean, point, every)
 
-    def _take_mirror(self, require_clean: bool) -> Optional[Dict[str, Any]]:
+    def _take_mirror(self, require_clean: bool, point: Optional[Point] = None,
+                     every: Optional[int] = None) -> Optional[Dict[str, Any]]:
         tracked = find_tracked(self.namespace, strict=False)
+        if every is not None:
+            self._set_cadence(every if tracked.sharded else 0)  # the step path pays nothing where nothing is sharded
         if not tracked.sharded:
             return None
         if require_clean and self._stepped_since_mirror(tracked):
@@ -73,7 +109,66 @@ class MirroringWorker:
                                 "buddy, so no consistent copy of every rank's shards is left: restart from a "
                                 "snapshot (%dist_restart --from-checkpoint NAME)")
         self.__dict__["_mirror_version"] = _version(tracked)
+        if point is not None:
+            state = self._mirror_state()
+            with state["lock"]:
+                state["point"], state["own"], state["out"] = tuple(point), {}, []
         return sharded_mirror.take(tracked)
+
+    def _set_cadence(self, every: int) -> None:
+        """Take a mirror inside every ``every``-th report (0: never; the session's hook goes)."""
+        self._mirror_state()["every"] = max(0, int(every))
+        session = getattr(self, "session", None)  # a worker before its first formation has none
+        if session is not None:
+            session.on_step = self._mirror_step if every else None
+
+    def _mirror_step(self, index: int) -> None:
+        """On the training thread inside the ``index``-th report of the cell: every K-th one of a whole-group cell,
+        this rank's mirror into the object store, named (by its point) in the next poll. Never fails the report."""
+        state = self._mirror_state()
+        if not state["every"] or (index + 1) % state["every"] or state["point"] is None or self._partial:
+            return
+        try:
+            import ray  # ray: the worker runs inside it; loaded on the first mid-cell mirror only
+
+            tracked = find_tracked(self.namespace, strict=False)
+            if not tracked.sharded:
+                return
+            mirror = sharded_mirror.take(tracked)
+            self.__dict__["_mirror_version"] = _version(tracked)
+            ref = ray.put(mirror)
+        except Exception:  # noqa: BLE001 - a mirror is the driver's spare copy: the user's step goes on
+            logger.warning("rank %d could not mirror its shards at report %d", self.rank, index + 1, exc_info=True)
+            return
+        with state["lock"]:
+            epoch, n = state["point"]
+            point = state["point"] = (epoch, n + 1)
+            own = state["own"]
+            own[point] = ref
+            for old in sorted(own)[:-OWN_KEPT]:
+                del own[old]
+            state["out"].append({"point": point, "ref": ref, "report": index + 1})
+
+    def _mirror_poll(self) -> Dict[str, Any]:
+        """The poll's part: the mid-cell mirrors taken since the last poll (``{}`` when none)."""
+        state = self.__dict__.get("_mirror_cadence")
+        if state is None or not state["out"]:
+            return {}
+        with state["lock"]:
+            out, state["out"] = state["out"], []
+        return {"mirrors": out}
+
+    def mirror_committed(self, point: Point) -> None:
+        """The driver switched to ``point``: this rank's own takes before it go (their object store copies too)."""
+        state = self._mirror_state()
+        with state["lock"]:
+            state["own"] = {p: ref for p, ref in state["own"].items() if p >= tuple(point)}
+
+    def mirror_own(self, point: Point) -> Any:
+        """This rank's own mid-cell mirror at ``point`` (an object ref), while it keeps it, or None."""
+        state = self._mirror_state()
+        with state["lock"]:
+            return state["own"].get(tuple(point))
 
     def _stepped_since_mirror(self, tracked: Any) -> bool:
         """Whether this rank's sharded optimizers stepped since its last mirror (or none was taken)."""
@@ -91,8 +186,10 @@ class MirroringWorker:
             logger.debug("could not tell whether this rank's shards changed", exc_info=True)
             return False
 
-    def mirror_is_clean(self) -> bool:
-        """Whether this rank's sharded models have not trained since its last mirror."""
+    def mirror_is_clean(self, point: Optional[Point] = None) -> bool:
+        """Whether this rank's sharded models have not trained since its last mirror (taken at ``point``, if given)."""
+        if point is not None and self._mirror_state()["point"] != tuple(point):
+            return False
         return self._cells.call(lambda: not self._stepped_since_mirror(find_tracked(self.namespace, strict=False)))
 
     def gather_full(self, name: str, rank: int) -> Optional[Dict[str, Any]]:
@@ -100,29 +197,57 @@ class MirroringWorker:
         full = self._cells.call(full_state, self.namespace[name])
         return full if self.rank == rank else None
 
-    def mirror_keep(self, rank: int, mirror: Optional[Dict[str, Any]]) -> int:
-        """Keep rank ``rank``'s mirror (replacing its older one); returns its bytes."""
+    def mirror_keep(self, rank: int, mirror: Optional[Dict[str, Any]], point: Any = None) -> int:
+        """Keep rank ``rank``'s mirror at ``point`` (replacing every older one); returns its bytes."""
         store = self._mirror_store()
-        if mirror is None:
-            store.pop(rank, None)
-            return 0
-        store[rank] = mirror
+        with self.__dict__["_held_lock"]:
+            if mirror is None:
+                store.pop(rank, None)
+                return 0
+            store[rank] = {point: mirror}
+            if isinstance(point, tuple):
+                self.__dict__.setdefault("_held_floors", {})[rank] = point
         return sharded_mirror.nbytes(mirror)
 
-    def mirror_get(self, rank: int) -> Optional[Dict[str, Any]]:
-        """The mirror of rank ``rank`` this worker keeps, or None."""
-        return self._mirror_store().get(rank)
+    def mirror_stage(self, rank: int, point: Point, mirror: Dict[str, Any], floor: Point) -> int:
+        """Keep rank ``rank``'s mid-cell mirror at ``point`` beside its committed one (``floor``, kept; older ones
+        go); a point older than what this worker keeps is ignored. Returns its bytes (-1: ignored)."""
+        store = self._mirror_store()
+        point, floor = tuple(point), tuple(floor)
+        floors = self.__dict__.setdefault("_held_floors", {})
+        with self.__dict__["_held_lock"]:
+            floors[rank] = max(floors.get(rank, floor), floor)
+            if point < floors[rank]:  # late: a newer point is committed (or a refresh since)
+                return -1
+            held = store.setdefault(rank, {})
+            for old in [p for p in held if p < floors[rank]]:
+                del held[old]
+            held[point] = mirror
+        return sharded_mirror.nbytes(mirror)
+
+    def mirror_get(self, rank: int, point: Any = None) -> Optional[Dict[str, Any]]:
+        """The mirror of rank ``rank`` at ``point`` this worker keeps, or None."""
+        store = self._mirror_store()
+        with self.__dict__["_held_lock"]:
+            return store.get(rank, {}).get(point)
 
     def mirror_forget(self) -> None:
-        """Drop every mirror this worker keeps for others."""
+        """Drop every mirror this worker keeps for others, its own mid-cell ones, and the cadence."""
         self._mirror_store().clear()
+        self.__dict__.pop("_held_floors", None)
+        state = self._mirror_state()
+        with state["lock"]:
+            state["own"], state["out"], state["point"] = {}, [], None
+        self._set_cadence(0)
 
     def reshard(self, mirrors: List[Any]) -> List[str]:
         """Shard this rank's sharded models again over the re-formed process group and fill them from ``mirrors``
         (a list of every old rank's mirror, or object refs to them; empty: a checkpoint is loaded next)."""
         import ray  # ray: the worker runs inside it; loaded here for the refs only
 
-        values = [ray.get(m) if isinstance(m, ray.ObjectRef) else m for m in mirrors]
+        values = list(mirrors)
+        while any(isinstance(m, ray.ObjectRef) for m in values):  # a rank's own mid-cell mirror: a ref to a ref
+            values = [ray.get(m) if isinstance(m, ray.ObjectRef) else m for m in values]
         return self._cells.call(self._reshard, values)
 
     def _reshard(self, mirrors: List[Dict[str, Any]]) -> List[str]:

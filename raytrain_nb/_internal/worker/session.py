@@ -58,6 +58,8 @@ class WorkerSession:
         #: set by the worker: ``on_report(index)`` after the ``index``-th report of the cell is queued
         #: (it records the report where a crash leaves it, before ``report`` returns)
         self.on_report: Optional[Callable[[int], None]] = None
+        #: set by the worker while shards are mirrored every K reports: ``on_step(index)`` on the training thread
+        self.on_step: Optional[Callable[[int], None]] = None
         #: set by the worker: ``upload(index, checkpoint, metrics)``, ``report_name(index) -> name`` and
         #: ``latest() -> Checkpoint|None``
         self.upload: Optional[Callable[[int, Any, Dict[str, Any]], None]] = None
@@ -111,6 +113,8 @@ class WorkerSession:
             self.reports_this_cell += 1
         if self.on_report is not None:
             self.on_report(index)
+        if self.on_step is not None:
+            self.on_step(index)
 
     def _report_ordered(self, metrics: Dict[str, Any], total: Optional[int], checkpoint: Any, options: Any) -> None:
         """A report after (or as) a background upload: its record goes out in report order, after its upload.
@@ -164,6 +168,8 @@ class WorkerSession:
             send()
         if self.on_report is not None:
             self.on_report(index, step_only=True)
+        if self.on_step is not None:
+            self.on_step(index)
 
     def drain(self) -> List[Dict[str, Any]]:
         """The records queued since the last drain, oldest first."""
