@@ -44,7 +44,8 @@ def test_fsdp_and_deepspeed_strategies_are_refused_naming_what_is_supported():
 
     for cls in (RayFSDPStrategy, RayDeepSpeedStrategy):
         with pytest.raises(NotImplementedError, match=rf"^{cls.__name__} is not supported by raytrain_nb; "
-                                                      r"supported: RayDDPStrategy \(DDP.*use FSDP2 \(prepare_model"
+                                                      r"supported: RayDDPStrategy \(DDP.*use FSDP2: Lightning's "
+                                                      r"ModelParallelStrategy .*prepare_model"
                                                       r"\(model, parallel_strategy='fsdp2'\)"):
             cls(sharding_strategy="FULL_SHARD")
 

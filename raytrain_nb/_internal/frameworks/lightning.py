@@ -8,54 +8,21 @@ import torch
 import torch.distributed as dist
 
 from ..extras import require
-from ..worker.session import current_session, get_context
 from ..worker.torch_utils import get_device
 from .lightning_carry import carry_optimizer_state, remember_optimizers
+from .lightning_env import RayLightningEnvironment, check_on_group
+from .lightning_parallel import RayModelParallelStrategy
 
 require("lightning")  # a missing install is named as the package, in one line
 pl = require("lightning.pytorch")
-_LightningEnvironment = require("lightning.pytorch.plugins.environments").LightningEnvironment
 
 logger = logging.getLogger(__name__)
 
 #: What raytrain_nb trains Lightning with, as refusals name it.
-SUPPORTED = ("RayDDPStrategy (DDP on the group's process group); for a model sharded over the ranks use FSDP2 "
-             "(prepare_model(model, parallel_strategy='fsdp2') in a torch loop, or fully_shard as in Ray's FSDP2 "
-             "guide); Lightning's ModelParallelStrategy is not offered yet")
-
-
-class RayLightningEnvironment(_LightningEnvironment):
-    """Lightning's cluster environment of a worker: rank and size read from ``get_context()`` at every call.
-
-    Nothing is cached, so after a restart or a rescale the next ``fit`` sees the new world size.
-    Pass it as ``pl.Trainer(plugins=[RayLightningEnvironment()])`` (Ray Train's name).
-    """
-
-    @property
-    def creates_processes_externally(self) -> bool:
-        """The group's workers are the processes: Lightning never launches its own."""
-        return True
-
-    def world_size(self) -> int:
-        return get_context().get_world_size()
-
-    def global_rank(self) -> int:
-        return get_context().get_world_rank()
-
-    def local_rank(self) -> int:
-        return get_context().get_local_rank()
-
-    def node_rank(self) -> int:
-        return get_context().get_node_rank()
-
-    def set_world_size(self, size: int) -> None:
-        """Ignored: :meth:`world_size` reads the group's context."""
-
-    def set_global_rank(self, rank: int) -> None:
-        """Ignored: :meth:`global_rank` reads the group's context."""
-
-    def teardown(self) -> None:
-        """Nothing to undo (Lightning's own environment would delete ``WORLD_SIZE``, which the group set)."""
+SUPPORTED = ("RayDDPStrategy (DDP on the group's process group); for a model sharded over the ranks use FSDP2: "
+             "Lightning's ModelParallelStrategy (or RayModelParallelStrategy) with fully_shard in configure_model, "
+             "its mesh the group's ranks (tensor_parallel_size=1), or prepare_model(model, "
+             "parallel_strategy='fsdp2') in a torch loop")
 
 
 class RayDDPStrategy(pl.strategies.DDPStrategy):
@@ -98,16 +65,7 @@ class RayDDPStrategy(pl.strategies.DDPStrategy):
 
     def setup_distributed(self) -> None:
         """Use the group's process group (Lightning skips its own when one exists)."""
-        if not isinstance(self.cluster_environment, RayLightningEnvironment):
-            raise RuntimeError(
-                f"RayDDPStrategy needs Lightning's cluster environment to be RayLightningEnvironment, got "
-                f"{type(self.cluster_environment).__name__}: pass pl.Trainer(plugins=[RayLightningEnvironment()])")
-        sess = current_session()
-        local = sess is not None and sess.local  # local mode: Lightning forms its own group, as under Ray Train
-        if not (dist.is_available() and dist.is_initialized()) and not local:
-            raise RuntimeError(
-                "RayDDPStrategy trains on the worker group's process group and this process has none: run fit() in "
-                "a %%distributed cell or a TorchTrainer's train_loop_per_worker, on a group with backend gloo or nccl")
+        check_on_group(type(self).__name__, self.cluster_environment)
         super().setup_distributed()
         self._process_group_backend = dist.get_backend()
 
@@ -154,21 +112,29 @@ class RayDeepSpeedStrategy(_Refused):
 def prepare_trainer(trainer: Any) -> Any:
     """Check a ``lightning.pytorch.Trainer`` for training on the group and return it (Ray Train's name).
 
+    Lightning's own ``ModelParallelStrategy`` (FSDP2) becomes a :class:`RayModelParallelStrategy` in place: its
+    mesh sized to the group (``data_parallel_size="auto"``: the world size), the worker's device, each rank's own
+    checkpoint path.
+
     Args:
-        trainer: a Trainer made with ``strategy=RayDDPStrategy()`` and ``plugins=[RayLightningEnvironment()]``.
+        trainer: a Trainer made with ``strategy=RayDDPStrategy()`` (or Lightning's ``ModelParallelStrategy()``,
+            or ``RayModelParallelStrategy()``) and ``plugins=[RayLightningEnvironment()]``.
 
     Returns:
         The same trainer.
 
     Raises:
         RuntimeError: another strategy, or another cluster environment, naming what to pass instead.
+        NotSupportedError: a ``ModelParallelStrategy`` with ``tensor_parallel_size`` above 1.
 
     Example::
 
         trainer = prepare_trainer(pl.Trainer(strategy=RayDDPStrategy(), plugins=[RayLightningEnvironment()]))
     """
     strategy = getattr(trainer, "strategy", None)
-    if not isinstance(strategy, RayDDPStrategy):
+    if isinstance(strategy, pl.strategies.ModelParallelStrategy):
+        strategy = RayModelParallelStrategy.adopt(strategy)
+    elif not isinstance(strategy, RayDDPStrategy):
         raise RuntimeError(f"prepare_trainer: the trainer's strategy is {type(strategy).__name__}; supported: "
                            f"{SUPPORTED}: pass pl.Trainer(strategy=RayDDPStrategy())")
     environment = getattr(strategy, "cluster_environment", None)

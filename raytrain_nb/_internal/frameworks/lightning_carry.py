@@ -56,11 +56,12 @@ def _saved(module: Any) -> Optional[Dict[str, Any]]:
     return {"signature": _signature(previous), "states": [o.state_dict()["state"] for o in previous]}
 
 
-def carry_optimizer_state(module: Any, optimizers: Sequence[Any]) -> str:
+def carry_optimizer_state(module: Any, optimizers: Sequence[Any], from_peer: bool = True) -> str:
     """Load the per-parameter state of ``module``'s previous optimizers into ``optimizers``.
 
     A collective where the process group has several ranks: every rank calls it. Returns what was
-    carried (``"SGD"``), or ``""`` when no rank had a matching previous fit.
+    carried (``"SGD"``), or ``""`` when no rank had a matching previous fit. Without ``from_peer``
+    (a sharded module: each rank's state is its own shards) it is carried only when every rank has it.
     """
     want = _signature(optimizers)
     saved = _saved(module)
@@ -68,7 +69,7 @@ def carry_optimizer_state(module: Any, optimizers: Sequence[Any]) -> str:
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         everyone: List[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, usable)
-        if not any(everyone):
+        if not any(everyone) or (not from_peer and not all(everyone)):
             return ""
         if not all(everyone):  # a rank without it (joined in a rescale): the lowest that has it sends it
             src = everyone.index(True)
