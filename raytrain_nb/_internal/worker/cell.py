@@ -16,7 +16,7 @@ import traceback
 from types import CodeType, TracebackType
 from typing import Any, Dict, Optional, Tuple
 
-from ..errors import CollectiveError
+from ..errors import CollectiveError, NotSupportedError
 
 # A line starting with % or !, an assignment from !cmd / %magic, or a trailing ?.
 _IPYTHON_SYNTAX = re.compile(r"^\s*(%|!)|^[^#'\"\n]*=\s*[%!]|\?\s*$", re.M)
@@ -149,7 +149,8 @@ def format_user_traceback(exc: BaseException) -> str:
     if first is None:
         first = next((f for f in frames if not _is_ours(f.tb_frame.f_code.co_filename)), None)
     lines = ["Traceback (most recent call last):\n"]
-    if isinstance(exc, CollectiveError):  # said in one line: the stack ends at the user's call, not in ours
+    # said in one line (a collective's failure, a refusal): the stack ends at the user's call, not in ours
+    if isinstance(exc, (CollectiveError, NotSupportedError)):
         shown = frames[frames.index(first):] if first is not None else []
         while shown and _is_ours(shown[-1].tb_frame.f_code.co_filename):
             shown.pop()

@@ -5,6 +5,7 @@ import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..backend import deferred_ddp, free_port
+from . import accelerate_guard
 from . import cell as cellmod
 from . import peer_copy, rank_values, snapshot
 from .library_state import library_env, reset_library_state
@@ -49,6 +50,7 @@ class FormingWorker:
                 torch.cuda.set_device(0)
                 device = f"cuda:{torch.cuda.current_device()} ({torch.cuda.get_device_name()})"
             os.environ.update(library_env(backend, cuda=device != "cpu"))  # Accelerate: use this group
+            accelerate_guard.install(cpu=device == "cpu")  # its FSDP / DeepSpeed plugins: refused on CPU
             if defer:
                 self.pg.deferred = True
             else:
