@@ -143,7 +143,10 @@ def test_the_real_accelerate_is_refused_in_one_line_and_a_plain_accelerator_stil
         assert os.environ.get("ACCELERATE_USE_FSDP") is None  # refused before Accelerate set it
         print("plain", Accelerator(cpu=True).distributed_type)
         """)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
+    # a fresh process as a worker starts: no Accelerate settings, and no rendezvous an earlier test of this
+    # process left in its environment (Lightning run in-process sets MASTER_PORT), which a plain Accelerator joins
+    rendezvous = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_") and k not in rendezvous}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env={**env, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -17,9 +17,13 @@ def test_a_failed_start_ends_the_processes_it_started_and_only_those(monkeypatch
 
     def init(**_):
         # as Ray's node start does: its GCS (a binary inside Ray's package) is up, then the start times out
-        started.append(subprocess.Popen(["sh", "-c", "sleep 60", f"{cluster.RAY_PROCESSES}gcs_server"]))
+        # (Python keeps its argv in its command line; a shell may exec its last command and lose it)
+        started.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                                         f"{cluster.RAY_PROCESSES}gcs_server"]))
         raise RuntimeError("The current node timed out during startup.")
 
+    # the start imports Ray's private modules (lean_head); load the real ones before the stand-in takes "ray"
+    pytest.importorskip("ray._private.services")
     fake = types.SimpleNamespace(init=init, shutdown=lambda: None, is_initialized=lambda: False)
     monkeypatch.setitem(sys.modules, "ray", fake)
     monkeypatch.setattr(cluster, "_started_by_us", False)
