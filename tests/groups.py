@@ -70,6 +70,12 @@ def quiet(group: WorkerGroup, source: str, **options: Any) -> Any:
     return group.run(source, sink=CollectSink(), **options)
 
 
+def each_rank(group: WorkerGroup, expr: str) -> List[Any]:
+    """The value of ``expr`` on every rank, in rank order."""
+    quiet(group, f"_v = {expr}")
+    return group.pull("_v", rank=None)
+
+
 def rank_params(group: WorkerGroup, name: str = "model") -> List[List[Any]]:
     """Each rank's parameters of the model bound to ``name``, as CPU tensors (pulled from the workers)."""
     return [[p.detach() for p in m.parameters()] for m in group.pull(name, rank=None)]

@@ -10,7 +10,7 @@ import torch
 
 from raytrain_nb import WorkerGroup
 
-from ..groups import quiet
+from ..groups import each_rank, quiet
 
 pytest.importorskip("lightning")
 
@@ -69,11 +69,6 @@ def group(ray_session, tmp_path_factory):
     quiet(group, FIT)
     yield group
     group.shutdown()
-
-
-def each_rank(group, expr):
-    quiet(group, f"_v = {expr}")
-    return group.pull("_v", rank=None)
 
 
 def full_state(group):

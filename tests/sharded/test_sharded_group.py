@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from raytrain_nb import WorkerGroup
-from raytrain_nb._internal.errors import GroupError
+from raytrain_nb._internal.errors import GroupError, WorkerError
 
-from ..groups import quiet
+from ..groups import MarkerSink, each_rank, quiet
 
 #: A sharded model and its optimizer (a cell that does not train: a new rank replays it), and ``full()``, which
 #: gathers the full parameters and AdamW moments (every rank joins the gathers).
@@ -57,12 +57,6 @@ def group(ray_session, tmp_path_factory):
     group.shutdown()
 
 
-def each_rank(group, expr):
-    """The value of ``expr`` on every rank."""
-    quiet(group, f"_v = {expr}")
-    return group.pull("_v", rank=None)
-
-
 def full_state(group):
     """Rank 0's gathered full parameters and AdamW moments (every rank joins the gathers)."""
     quiet(group, "_full = full()", setup=False)
@@ -101,6 +95,28 @@ def test_snapshot_writes_each_ranks_shards_and_rollback_loads_them_in_place(grou
     assert_same(before, full_state(group))
     assert each_rank(group, "(id(model) == model_id, id(opt) == opt_id)") == [(True, True)] * 2
     quiet(group, "train_steps(1)")  # training goes on after the rollback
+
+
+def test_an_interrupted_collective_keeps_each_ranks_shards_and_training_goes_on(group):
+    """Ctrl-C while rank 0 waits in the backward's reduce-scatter re-forms the process group: the sharded model is
+    moved onto it with the shards it held (no step was taken), then trains, snapshots and rolls back."""
+    before = full_state(group)
+    sink = MarkerSink("in the backward")
+    cell = ("loss = model(torch.randn(8, 16)).pow(2).mean()\nimport time\nprint('in the backward', flush=True)\n"
+            "if train.get_context().get_world_rank() == 1:\n    while True:\n        time.sleep(0.01)\n"
+            "loss.backward()")
+    background = group.run(cell, sink=sink, background=True)
+    assert sink.seen.wait(60), "the ranks never reached the backward"
+    group.interrupt()
+    with pytest.raises(WorkerError) as info:
+        background.wait(30)
+    assert set(info.value.type_names) == {"KeyboardInterrupt"}
+    assert each_rank(group, "(id(model) == model_id, id(opt) == opt_id)") == [(True, True)] * 2
+    assert_same(before, full_state(group))
+    entry = group.checkpoint(name="after-interrupt")
+    quiet(group, "train_steps(2)")
+    group.rollback(entry.name)
+    assert_same(before, full_state(group))
 
 
 def test_async_snapshot_copies_the_shards_then_writes_in_the_background(group):

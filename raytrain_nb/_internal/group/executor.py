@@ -360,7 +360,8 @@ def back_to(core: "GroupCore", formation: "Formation", keep: List[Slot], new: Li
         core.slots.free.append(slot.place)
     core.slots.assign(keep)
     try:
-        formation.rendezvous("join", src=0)
+        # the kept workers as they were: at the old size their sharded models keep their own shards
+        formation.rendezvous("join", src=0, keep_shards=len(keep) == core.config.num_workers)
     except BaseException:
         core.transition(GroupState.FAILED)
         raise

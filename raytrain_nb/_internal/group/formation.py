@@ -107,13 +107,15 @@ class Formation:
             slot.rank_info = info
         return infos
 
-    def rendezvous(self, method: str, src: int = 0, fresh: Sequence[int] = (), anew: bool = False) -> List[Any]:
+    def rendezvous(self, method: str, src: int = 0, fresh: Sequence[int] = (), anew: bool = False,
+                   keep_shards: bool = False) -> List[Any]:
         """Form the process group over the core's slots in rank order.
 
         ``setup`` on a new group; ``join`` to re-form one (after an interrupt,
         a failure or a resize), broadcasting replicated state from rank ``src``;
         ranks in ``fresh`` also receive what they lack. ``anew``: every rank is new (a restart from a
-        checkpoint with no survivor), none receives anything. Returns each rank's answer.
+        checkpoint with no survivor), none receives anything. ``keep_shards``: the same ranks re-form, each
+        keeping its own shards of sharded models (moved to the new group). Returns each rank's answer.
         """
         core, slots = self.core, list(self.core.slots)
         await_settled(slots, SETTLE_S)
@@ -140,7 +142,7 @@ class Formation:
                 refs.append(slot.actor.setup.remote(ctx, env, core.backend, addr, port))
             else:
                 refs.append(slot.actor.join.remote(ctx, env, addr, port, src, rank in fresh,
-                                                   sorted(core.rank_specific)))
+                                                   sorted(core.rank_specific), keep_shards))
         step = "_setup" if method == "setup" else "_join"
         results = await_step(slots, refs, step, core.settings.start_timeout_s, core.heartbeat_s)
         self.note_missing(results)
@@ -162,5 +164,6 @@ class Formation:
                 self.core.replay_failures.append(line)
 
     def reform(self) -> None:
-        """Form the process group again over the same workers (after an interrupt or a broken collective)."""
-        self.rendezvous("join")
+        """Form the process group again over the same workers (after an interrupt or a broken collective); sharded
+        models keep their shards, moved onto the new group."""
+        self.rendezvous("join", keep_shards=True)

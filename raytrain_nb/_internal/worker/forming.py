@@ -21,6 +21,8 @@ class FormingWorker:
     session: Any
     pg: Any
     _cells: Any
+    _own_shards: Any
+    _reshard_own: Any
 
     def free_port(self) -> int:
         return free_port()
@@ -74,18 +76,24 @@ class FormingWorker:
         reset_library_state(ctx)  # Accelerate, Transformers...: their caches hold the old rank and size
 
     def join(self, context: Dict[str, Any], env: Dict[str, str], master_addr: str, master_port: int,
-             src: int = 0, fresh: bool = False, rank_specific: Sequence[str] = ()) -> Dict[str, Any]:
+             src: int = 0, fresh: bool = False, rank_specific: Sequence[str] = (),
+             keep_shards: bool = False) -> Dict[str, Any]:
         """(Re-)form the process group at the given rank and size; sync state from rank ``src``.
 
+        ``keep_shards``: the group re-forms over the same ranks (after an interrupt or a broken collective), so
+        this rank's sharded models are sharded again over the new group from their own shards as they are.
+
         Returns ``{"rebound": DDP wrappers re-bound, "missing": names this fresh rank went without,
-        "received": names it got from rank src}``.
+        "received": names it got from rank src, "resharded": sharded models and optimizers moved to the new group}``.
         """
-        return self._cells.call(self._join, context, env, master_addr, master_port, src, fresh, rank_specific)
+        return self._cells.call(self._join, context, env, master_addr, master_port, src, fresh, rank_specific,
+                                keep_shards)
 
     def _join(self, context: Dict[str, Any], env: Dict[str, str], master_addr: str, master_port: int,
-              src: int, fresh: bool, rank_specific: Sequence[str]) -> Dict[str, Any]:
+              src: int, fresh: bool, rank_specific: Sequence[str], keep_shards: bool) -> Dict[str, Any]:
+        own = self._own_shards() if keep_shards and not fresh else None  # taken while the old mesh is there
         self._set_context(context, env)
-        out: Dict[str, Any] = {"missing": [], "received": []}
+        out: Dict[str, Any] = {"missing": [], "received": [], "resharded": []}
 
         def sync() -> List[Any]:
             wrappers, out["missing"], out["received"] = sync_replicated(
@@ -95,6 +103,8 @@ class FormingWorker:
 
         out["rebound"] = self.pg.join(self.pg.backend, master_addr, master_port, self.rank, context["world_size"],
                                       sync=sync)
+        if own is not None:  # FSDP2 modules still point at the old group, which is gone
+            out["resharded"] = self._reshard_own(own)
         return out
 
     def refresh_rank_values(self, statements: Sequence[str], names: Sequence[str]) -> Dict[str, Any]:

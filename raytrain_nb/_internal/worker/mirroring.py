@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import RecoveryError
 from . import sharded_io, sharded_mirror
-from .sharded import ShardedPull, full_state, is_sharded, local_share
+from .sharded import ShardedPull, full_state, is_sharded, local_share, mesh_of
 from .snapshot import find_tracked
 
 logger = logging.getLogger(__name__)
@@ -249,6 +249,41 @@ class MirroringWorker:
         while any(isinstance(m, ray.ObjectRef) for m in values):  # a rank's own mid-cell mirror: a ref to a ref
             values = [ray.get(m) if isinstance(m, ray.ObjectRef) else m for m in values]
         return self._cells.call(self._reshard, values)
+
+    def _own_shards(self) -> Optional[Dict[str, Any]]:
+        """On the cell thread, before the group re-forms over the same ranks: this rank's shards as they are now
+        (a mirror of itself, no communication), or None where nothing is sharded."""
+        if "torch.distributed.tensor" not in sys.modules:
+            return None
+        tracked = find_tracked(self.namespace, strict=False)
+        if not tracked.sharded:
+            return None
+        places = {}
+        for path, module in tracked.sharded.items():
+            mesh = mesh_of(module)
+            places[path] = (int(mesh.size()), int(mesh.get_coordinate()[0])) if mesh is not None else (1, 0)
+        return {"mirror": sharded_mirror.take(tracked), "places": places}
+
+    def _reshard_own(self, own: Dict[str, Any]) -> List[str]:
+        """After re-forming over the same ranks: shard this rank's sharded models again over the new group and
+        fill them from ``own`` (:meth:`_own_shards`); the values are unchanged, so the buddies' mirrors still hold
+        them and whether the shards stepped since their mirror stays as it was."""
+        import torch.distributed as dist  # torch.distributed: loaded only for sharded models
+
+        tracked = find_tracked(self.namespace, strict=False)
+        here = (dist.get_world_size(), dist.get_rank())
+        for path, place in own["places"].items():
+            if tuple(place) != here:  # its own shards would not be the ones this rank holds now
+                raise RecoveryError(f"rank {self.rank}: {path!r} was sharded as rank {place[1]} of {place[0]}, not "
+                                    f"rank {here[1]} of {here[0]} as the group re-formed, so its own shards do not "
+                                    "fit: restart from a snapshot (%dist_restart --from-checkpoint NAME)")
+        sharded_io.forget_group()  # the DCP group of the old process group is gone with it
+        from .torch_utils import get_device  # torch: the driver imports this module, and never needs torch
+
+        version = self.__dict__.get("_mirror_version")
+        done = sharded_mirror.reshard(tracked, [own["mirror"]], get_device())
+        self.__dict__["_mirror_version"] = version
+        return done
 
     def _reshard(self, mirrors: List[Dict[str, Any]]) -> List[str]:
         tracked = find_tracked(self.namespace, strict=False)
