@@ -167,6 +167,17 @@ class ProcessGroupState:
             self.generation += 1
         logger.debug("rank %d joined %s group (%d sockets)", rank, backend, len(self._sockets))
 
+    def open_group(self, make: Callable[[], Any]) -> Any:
+        """Call ``make()`` (it forms another group over this one's ranks: ``dist.new_group``) and count the TCP
+        sockets it opened as this group's, so that breaking this group (a dead peer, an interrupt, re-forming)
+        releases a collective waiting on that group too."""
+        before = inet_socket_fds()
+        group = make()
+        after = inet_socket_fds()
+        with self._lock:
+            self._sockets.update({fd: ino for fd, ino in after.items() if before.get(fd) != ino})
+        return group
+
     def set_timeout(self, timeout_s: float) -> None:
         """Give this process's group's collectives ``timeout_s`` seconds (``TorchConfig(timeout_s=...)``), where
         torch lets a formed group's timeout change; no group: nothing."""

@@ -16,6 +16,7 @@ import threading
 import weakref
 from typing import Any, Dict, Optional
 
+from ..backend import process_group_state
 from ..checkpoint.staging import StagedDir
 from ..checkpoint.storage import is_local, join, resolve
 from ..errors import SnapshotError
@@ -32,12 +33,14 @@ _groups: list = []
 
 def dcp_group() -> Any:
     """The gloo group DCP's collectives use, made once per process group (a collective: every rank calls it,
-    on the cell thread, at the same point)."""
+    on the cell thread, at the same point). Its sockets count as the process group's, so a rank that dies during a
+    background write, an interrupt or re-forming the group releases the others from DCP's collectives."""
     import torch.distributed as dist  # torch: loaded on first use, not on import raytrain_nb
 
     default = dist.group.WORLD
     if not _groups or _groups[0][0]() is not default:  # none yet, or an earlier process group's: gone with it
-        _groups[:] = [(weakref.ref(default), dist.new_group(backend="gloo"))]
+        group = process_group_state().open_group(lambda: dist.new_group(backend="gloo"))
+        _groups[:] = [(weakref.ref(default), group)]
     return _groups[0][1]
 
 
