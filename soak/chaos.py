@@ -20,6 +20,8 @@ import threading
 import time
 from typing import Any, List, Optional
 
+from .programs import DEFAULT_STYLES, STYLES
+
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """The command line (see the module docstring)."""
@@ -31,7 +33,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--kernel-share", type=float, default=0.2, help="share of steps driven through a kernel's magics")
     p.add_argument("--replay", default=None, help="comma-separated step tokens to run instead of a random plan")
     p.add_argument("--weights", default="", help="override step weights, e.g. kill_rescale=0,bg=8")
-    p.add_argument("--styles", default="", help="setup styles to draw from (default all: fn,inline,dict,attr,gan)")
+    p.add_argument("--styles", default="", help="setup styles to draw from (default: "
+                   f"{','.join(DEFAULT_STYLES)}; also {','.join(s for s in STYLES if s not in DEFAULT_STYLES) or '-'})")
     p.add_argument("--ballast-mb", type=float, default=24, help="a tracked, untrained module this big (MB) makes "
                    "snapshot writes slow enough to be hit by a fault")
     p.add_argument("--recover", choices=["random", "restart", "rescale"], default="random",

@@ -209,7 +209,7 @@ class KernelDriver:
         return out
 
     def digests(self, deadline_s: float) -> Outcome:
-        return self.query("_soak_rt.active_group().execute(soak_remote_digests)", deadline_s)
+        return self.query("soak_merge(_soak_rt.active_group().execute(soak_remote_digests))", deadline_s)
 
     def group_state(self) -> str:
         out = self.query("_soak_state()", 30)

@@ -166,8 +166,10 @@ class PyDriver:
                                            for s in self.group.status()], deadline_s, "status")
 
     def digests(self, deadline_s: float) -> Outcome:
-        """``value``: each rank's digests of its training state (``group.execute``)."""
-        return call_with_deadline(lambda: self.group.execute(digest.soak_remote_digests), deadline_s, "digests")
+        """``value``: each rank's digests of its training state (``group.execute``; a sharded model's as the digest
+        of its full state, joined here from every rank's shards: :func:`~soak.digest.soak_merge`)."""
+        return call_with_deadline(lambda: digest.soak_merge(self.group.execute(digest.soak_remote_digests)),
+                                  deadline_s, "digests")
 
     def group_state(self) -> str:
         return str(getattr(self.group.state, "value", self.group.state)) if self.group is not None else "none"

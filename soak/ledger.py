@@ -26,6 +26,26 @@ def saved_digests(replicated: Dict[str, Any]) -> Set[str]:
     return out
 
 
+def sharded_digests(local: str) -> Set[str]:
+    """Digests of every sharded model and optimizer in a snapshot's ``sharded/`` DCP folder, gathered here in one
+    process (``dcp_to_torch_save``): their full state, digested as :func:`digest.soak_digests` digests the live
+    one (the same canonical state dicts); empty without that folder."""
+    import tempfile
+
+    folder = os.path.join(local, "sharded")
+    if not os.path.isdir(folder):
+        return set()
+    from raytrain_nb.torch import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory(prefix="soak-dcp-") as tmp:
+        full = dcp_to_torch_save(folder, os.path.join(tmp, "full.pt"))
+    out = set()
+    for entry in full.values():
+        out.add(digest.soak_digest(entry["model"]))
+        out.update(digest.soak_digest(osd) for osd in entry.get("optim", {}).values())
+    return out
+
+
 def top_level(digests: Dict[str, str]) -> Set[str]:
     """Digests of the objects bound to a name (what a snapshot must save), not those inside containers."""
     return {d for path, d in digests.items() if "[" not in path and "." not in path}
@@ -133,7 +153,7 @@ class Ledger:
         try:
             if entry.kind == "snapshot":
                 replicated = torch.load(os.path.join(local, "replicated.pt"), weights_only=True, map_location="cpu")
-                saved = saved_digests(replicated)
+                saved = saved_digests(replicated) | sharded_digests(local)
                 self.snapshot_digests[entry.name] = saved
                 return self._check_snapshot(entry.name, saved, notes)
             return self._check_reported(entry.name, local, notes)

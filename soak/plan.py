@@ -12,7 +12,7 @@ import dataclasses
 import random
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
-from .programs import STYLES
+from .programs import DEFAULT_STYLES
 
 MAX_WORKERS = 3
 
@@ -120,7 +120,7 @@ class Planner:
     """
 
     def __init__(self, seed: int, workers: int, kernel_share: float, weights: Optional[Dict[str, float]] = None,
-                 styles: Sequence[str] = tuple(STYLES), replay: Optional[List[str]] = None,
+                 styles: Sequence[str] = DEFAULT_STYLES, replay: Optional[List[str]] = None,
                  episode_len: "tuple[int, int]" = (8, 16)) -> None:
         self.rng = random.Random(seed)
         self.workers = workers

@@ -30,6 +30,7 @@ class Style:
         trains_in_build: the build runs in the cell that also trains (so it is a training cell).
         step: one training step; binds ``loss``.
         forward: a forward pass only (binds ``loss``), for cells that block in the backward's collective.
+        sharded: the model is sharded (FSDP2): every rank joins the gathers of its full state before a report.
     """
 
     name: str
@@ -39,6 +40,7 @@ class Style:
     trains_in_build: bool
     step: str
     forward: str
+    sharded: bool = False
 
 
 def _model(i: int, o: int) -> str:
@@ -86,7 +88,19 @@ STYLES: Dict[str, Style] = {s.name: s for s in (
                 "loss = bce(D(G(z)), torch.ones(16, 1))\n"
                 "optG.zero_grad(); loss.backward(); optG.step()"),
           forward="loss = bce(D(G(torch.randn(16, 8))), torch.ones(16, 1))"),
+    Style("fsdp2", "a model sharded over the ranks (FSDP2), built in a cell that does not train", define="",
+          build=(f"model = prepare_model({_model(16, 1)}, parallel_strategy='fsdp2')\n"
+                 "opt = torch.optim.AdamW(model.parameters(), lr=1e-3)"),
+          trains_in_build=False,
+          step="loss = model(torch.randn(16, 16)).pow(2).mean()\nopt.zero_grad(); loss.backward(); opt.step()",
+          forward="loss = model(torch.randn(16, 16)).pow(2).mean()", sharded=True),
 )}
+
+#: The styles a soak draws from by default (``--styles`` picks others). ``fsdp2`` is drawn only when asked
+#: (``--styles fsdp2``): its soak still finds two faults of sharded recovery (a rescale down that fails when a rank dies
+#: in it leaves the kept ranks' models on the old mesh; a rank killed in an async snapshot's write, recovered by a
+#: rescale, can come back past the mirror point), which CI's soak must not draw until they are fixed.
+DEFAULT_STYLES = ("fn", "inline", "dict", "attr", "gan")
 
 
 def prelude(ballast_mb: float) -> str:
@@ -113,19 +127,27 @@ def _indent(code: str, n: int = 4) -> str:
     return textwrap.indent(code, " " * n)
 
 
-def _report(mode: str, tag: str) -> str:
-    """The end of one step: nothing, a report, or a report with a checkpoint of every state dict."""
+def _report(mode: str, tag: str, gather: bool = False) -> str:
+    """The end of one step: nothing, a report, or a report with a checkpoint of every state dict. With ``gather``
+    (a sharded model) every rank joins the gathers of the full state and rank 0 alone notes and saves it."""
     if mode == "none":
         return ""
-    note = f"_dg = soak_note({'ckpt' if mode == 'ckpt' else 'report'!r}, {tag!r}, step, globals()) " \
-           "if train.get_context().get_world_rank() == 0 else None\n"
+    kind = "ckpt" if mode == "ckpt" else "report"
+    if gather:
+        note = (f"_dg = soak_note({kind!r}, {tag!r}, step, globals(), gather=True, "
+                "write=train.get_context().get_world_rank() == 0)\n")
+        state = "_st = soak_state(globals(), gather=True)\n"
+    else:
+        note = f"_dg = soak_note({kind!r}, {tag!r}, step, globals()) " \
+               "if train.get_context().get_world_rank() == 0 else None\n"
+        state = ""
     metrics = '{"step": step, "loss": float(loss)}'
     if mode == "report":
         return note + f"train.report({metrics})\n"
-    return note + (
+    return note + state + (
         "if train.get_context().get_world_rank() == 0:\n"
         "    _d = tempfile.mkdtemp(prefix='soak-ck-')\n"
-        "    torch.save(soak_state(globals()), os.path.join(_d, 'state.pt'))\n"
+        f"    torch.save({'_st' if gather else 'soak_state(globals())'}, os.path.join(_d, 'state.pt'))\n"
         f"    json.dump({{'tag': {tag!r}, 'step': step, 'digests': _dg}}, open(os.path.join(_d, 'soak.json'), 'w'))\n"
         f"    train.report({metrics}, checkpoint=train.Checkpoint.from_directory(_d))\n"
         "    shutil.rmtree(_d, ignore_errors=True)\n"
@@ -138,7 +160,7 @@ def training(style: Style, steps: Optional[int], mode: str, tag: str, sleep_s: f
     """A training cell: ``steps`` steps (None: forever, for interrupts), reporting per ``mode``
     (``none``, ``report`` or ``ckpt``). Rank 0 prints :data:`MARK_LOOP` after the first step.
     With ``build_width`` the cell first (re)builds the model (the ``inline`` style)."""
-    body = style.step + "\nstep += 1\n" + _report(mode, tag)
+    body = style.step + "\nstep += 1\n" + _report(mode, tag, style.sharded)
     body += f"if _i == 0:\n    print({MARK_LOOP!r}, flush=True)\n"
     if sleep_s:
         body += f"time.sleep({sleep_s:g})\n"

@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional
 from . import faults, programs
 from .ledger import Ledger, compare_ranks
 from .report import Stats
+from .shards import MirrorWatch, lost_shards
 from .watchdog import Outcome, dump_stacks, excerpt
 
 #: Deadlines of the operations, in seconds.
@@ -56,6 +57,8 @@ class Runner:
         #: How long the last checkpoint / rescale up / restart took: fault delays are fractions of these.
         self.durations = {"checkpoint": 0.1, "rescale": 4.0, "restart": 5.0}
         self.seen: set = set()  # (episode, kind, detail) of violations already reported
+        self.shards: Optional[MirrorWatch] = None  # a sharded style's mirrors, as the soak follows them
+        self.snap_widths: Dict[str, int] = {}  # snapshot name -> the model's width when it was asked for
 
     # -- recording ---------------------------------------------------------------------------------
 
@@ -102,6 +105,8 @@ class Runner:
         self.say(f"{op}: {out.short()} ({out.elapsed:.1f} s)")
         if not out.ok and not out.named and not accept_unnamed:
             self.violate("unnamed failure", f"{op}: {out.error_type}: {out.message}")
+        if self.shards is not None:
+            self.shards.op(op, out.ok, out.message)
         if not out.ok and "NameError" in out.message:
             self.need_rebuild = True  # a name made in a training cell is missing on a replacement rank
             self.stats.note("NameError after a replacement (state made in a training cell is not rebuilt)")
@@ -129,6 +134,8 @@ class Runner:
         if fired is None:
             self.say("fault: the victim was already gone")
             return
+        if self.shards is not None:
+            self.shards.fault()
         self.stats.fault(fired.kind, phase, fired.during)
         extra = f" for {fired.stop_s:.1f} s" if fired.kind == "stop" else ""
         when = "between cells" if phase == "idle" else \
@@ -143,7 +150,9 @@ class Runner:
 
     def snap_name(self) -> str:
         self.seq += 1
-        return f"soak-e{self.episode}-s{self.seq}"
+        name = f"soak-e{self.episode}-s{self.seq}"
+        self.snap_widths[name] = self.width
+        return name
 
     def worker_pids(self) -> List[int]:
         """Pids of every live worker actor in the cluster (Ray's actor table)."""
@@ -185,6 +194,7 @@ class Runner:
         self.end_episode()
         self.episode += 1
         self.style, self.width = programs.STYLES[style], 16
+        self.shards = MirrorWatch(self.stats.checks) if self.style.sharded else None
         if driver not in self.drivers:
             self.drivers[driver] = self.make_driver(driver)
         self.d = self.drivers[driver]
@@ -264,10 +274,16 @@ class Runner:
             self.digests = None
             self.record("digests", out)
             if not out.named:
+                if self.shards is not None:
+                    self.shards.end_step(None)
                 return  # not a dead rank (recorded as a violation): nothing to recover
         else:
             self.unrecoverable("the group is still not usable after four recoveries")
         self.compare()
+        if self.shards is not None:
+            problem = self.shards.end_step(self.digests[0] if self.digests else None)
+            if problem:
+                self.violate("not the mirror point", problem)
         if self.ledger is not None:
             self.report_ledger(self.ledger.check())
 
@@ -275,7 +291,8 @@ class Runner:
         differ, partial = compare_ranks(self.digests or [])
         self.stats.checks["rank-equality checks"] += 1
         if differ:
-            where = ", ".join(differ)
+            why = sorted({d[p] for d in self.digests or [] for p in differ if d.get(p, "").startswith("!")})
+            where = ", ".join(differ) + (f" ({'; '.join(why[:3])})" if why else "")
             contained = all("[" in p or "." in p for p in differ)
             kind = "ranks differ (state held in a container)" if contained else "ranks differ"
             self.violate(kind, f"state differs across ranks: {where}")
@@ -309,6 +326,8 @@ class Runner:
                 raise EpisodeOver("every rank is dead")
             self.digests = None
             snaps = [n for n, k in self.ledger.committed.items() if k == "snapshot"] if self.ledger else []
+            if self.shards is not None:  # a snapshot of another width does not load into a sharded model's shards
+                snaps = [n for n in snaps if self.snap_widths.get(n) == self.width]
             choice = rng.choice(["restart", "restart", "rescale"] + (["restart-from-snapshot"] if snaps else []))
             if self.args.recover != "random":
                 choice = self.args.recover
@@ -322,13 +341,37 @@ class Runner:
             else:
                 out, _ = self.d.rescale(rng.randint(live, len(rows)), DEADLINES["rescale"])
                 self.record("recover-rescale", out)
-            if not out.ok:
+            if not out.ok and self.shards is not None and lost_shards(out.message):
+                self.recover_lost_shards(gone, len(rows), out.message)
+            elif not out.ok:
                 other, _ = self.d.rescale(rng.randint(live, len(rows)), DEADLINES["rescale"]) \
                     if choice.startswith("restart") else self.d.restart(DEADLINES["restart"])
                 self.record("recover-" + ("rescale" if choice.startswith("restart") else "restart"), other)
+                if not other.ok and self.shards is not None and lost_shards(other.message):
+                    self.recover_lost_shards(gone, len(rows), other.message)
         st = self.d.status(DEADLINES["query"])
         if not st.ok or any(s in ("dead", "unresponsive") for _, _, s in st.value):
             self.unrecoverable(f"ranks still dead after three recoveries: {st.value if st.ok else st.short()}")
+
+    def recover_lost_shards(self, gone: List[int], size: int, message: str) -> None:
+        """A sharded group's recovery was refused in one line: a lost rank's shards are gone (with its buddy's
+        mirror, or its live predecessor trained past the mirror its buddy kept). Check the refusal fits what the
+        soak knows of the mirrors, then do what it says: restart from the newest snapshot of this model; with none,
+        the episode ends (documented: nothing else holds those shards)."""
+        self.stats.checks["sharded: recoveries refused for lost shards"] += 1
+        if not self.shards.refusal_expected(gone, size):
+            self.violate("sharded recovery refused", f"rank(s) {gone} of {size} died while every mirror was current "
+                         f"(no rank trained since the last mirror point), yet: {message[:300]}")
+        self.report_ledger(self.ledger.check())
+        fits = [n for n, k in self.ledger.committed.items() if k == "snapshot" and self.snap_widths.get(n) == self.width]
+        if not fits:
+            self.stats.note("sharded: a lost rank's shards were gone and no snapshot of the model was committed: "
+                            "a new group (documented)")
+            raise EpisodeOver("the shards of a lost rank are gone and no snapshot of this model was committed")
+        out, _ = self.d.restart(DEADLINES["restart"], fits[-1])
+        self.record("recover-restart-from-snapshot", out)
+        if out.ok:
+            self.check_rollback(fits[-1])
 
     def check_rollback(self, name: str) -> None:
         """After a rollback (or a restart from a snapshot) to ``name``: every rank holds what it saved."""
