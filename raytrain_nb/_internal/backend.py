@@ -102,6 +102,11 @@ def _shutdown(fds: Dict[int, str]) -> None:
             sock.detach()
 
 
+def _opened(before: Dict[int, str], after: Dict[int, str]) -> Dict[int, str]:
+    """The sockets of ``after`` that were not open (as the same socket) in ``before``."""
+    return {fd: ino for fd, ino in after.items() if before.get(fd) != ino}
+
+
 class ProcessGroupState:
     """The torch.distributed state of one worker process."""
 
@@ -160,9 +165,8 @@ class ProcessGroupState:
         finally:
             with self._lock:
                 self._forming_port = None
-        after = inet_socket_fds()
         with self._lock:
-            self._sockets = {fd: ino for fd, ino in after.items() if before.get(fd) != ino}
+            self._sockets = _opened(before, inet_socket_fds())
             self.broken = False
             self.generation += 1
         logger.debug("rank %d joined %s group (%d sockets)", rank, backend, len(self._sockets))
@@ -173,9 +177,8 @@ class ProcessGroupState:
         releases a collective waiting on that group too."""
         before = inet_socket_fds()
         group = make()
-        after = inet_socket_fds()
         with self._lock:
-            self._sockets.update({fd: ino for fd, ino in after.items() if before.get(fd) != ino})
+            self._sockets.update(_opened(before, inet_socket_fds()))
         return group
 
     def set_timeout(self, timeout_s: float) -> None:

@@ -270,18 +270,14 @@ class MirroringWorker:
         them and whether the shards stepped since their mirror stays as it was."""
         import torch.distributed as dist  # torch.distributed: loaded only for sharded models
 
-        tracked = find_tracked(self.namespace, strict=False)
         here = (dist.get_world_size(), dist.get_rank())
         for path, place in own["places"].items():
             if tuple(place) != here:  # its own shards would not be the ones this rank holds now
                 raise RecoveryError(f"rank {self.rank}: {path!r} was sharded as rank {place[1]} of {place[0]}, not "
                                     f"rank {here[1]} of {here[0]} as the group re-formed, so its own shards do not "
                                     "fit: restart from a snapshot (%dist_restart --from-checkpoint NAME)")
-        sharded_io.forget_group()  # the DCP group of the old process group is gone with it
-        from .torch_utils import get_device  # torch: the driver imports this module, and never needs torch
-
         version = self.__dict__.get("_mirror_version")
-        done = sharded_mirror.reshard(tracked, [own["mirror"]], get_device())
+        done = self._reshard([own["mirror"]])
         self.__dict__["_mirror_version"] = version
         return done
 
