@@ -13,6 +13,8 @@ from raytrain_nb._internal.group.fanout import FANOUT, ReplyKind, collect
 from raytrain_nb._internal.group.slots import Slot
 from raytrain_nb._internal.group.state import SlotState
 
+from ..waiting import wait_for
+
 
 @ray.remote(max_concurrency=2, num_cpus=0)
 class Rank:
@@ -34,6 +36,15 @@ class Rank:
         return True
 
 
+def _dead(actor) -> bool:
+    """Whether a call to ``actor`` now fails as a dead actor's (a call that still answers means not yet)."""
+    try:
+        ray.get(actor.ping.remote(), timeout=30)
+    except ray.exceptions.RayActorError:
+        return True
+    return False
+
+
 def _slots(behaviours):
     """One started actor per behaviour (each has answered once: none is late for being slow to start)."""
     actors = [Rank.remote(b) for b in behaviours]
@@ -45,8 +56,7 @@ def _slots(behaviours):
 def test_every_kind_of_answer_is_typed(ray_session):
     slots = _slots(["ok", "raise", "hang", "ok", "ok"])
     ray.kill(slots[3].actor, no_restart=True)
-    with pytest.raises(ray.exceptions.RayActorError):  # the kill has landed (it is asynchronous)
-        ray.get(slots[3].actor.ping.remote(), timeout=60)
+    wait_for(lambda: _dead(slots[3].actor), 60, "the kill of rank 3 to land (ray.kill is asynchronous)")
     slots[4].mark(SlotState.UNRESPONSIVE, "has not answered for 20 s")
     try:
         replies = FANOUT.ask(slots, lambda s: s.actor.ask.remote(21), 3.0, "every rank to answer")
