@@ -88,3 +88,38 @@ def test_check_names_who_raised_or_did_not_answer(ray_session):
     finally:
         ray.get(slots[1].actor.open.remote(), timeout=10)
     assert collect([s.actor.ask.remote(3) for s in _slots(["ok", "ok"])], 10.0, "every rank to answer") == [6, 6]
+
+
+@ray.remote(num_cpus=0)
+class Fetcher:
+    def fetch(self, refs):
+        return ray.get(refs[0], timeout=60)
+
+    def ping(self):
+        return True
+
+
+def test_a_call_that_meets_another_workers_death_raised_and_its_own_worker_lives(ray_session):
+    dead, fetcher = _slots(["ok"])[0], Fetcher.remote()
+    ray.kill(dead.actor, no_restart=True)
+    wait_for(lambda: _dead(dead.actor), 60, "the kill to land")
+    slot = Slot(actor=fetcher, pg=None, bundle=0, info={"pid": 7, "node_ip": "127.0.0.1"})
+    replies = FANOUT.ask([slot], lambda s: s.actor.fetch.remote([dead.actor.ask.remote(1)]), 30.0, "the fetch")
+    assert replies[0].kind is ReplyKind.RAISED and isinstance(replies[0].error, ray.exceptions.RayActorError)
+    assert ray.get(fetcher.ping.remote(), timeout=30)
+
+
+def test_a_collective_collect_releases_the_ranks_still_waiting_once_one_died(ray_session):
+    slots = _slots(["hang", "ok", "hang"])
+    released = []
+
+    def release(pending):
+        released.append(pending)
+        for i in pending:  # what releasing does to a rank blocked in a collective: its call returns at once
+            ray.get(slots[i].actor.open.remote(), timeout=10)
+
+    ray.kill(slots[1].actor, no_restart=True)
+    wait_for(lambda: _dead(slots[1].actor), 60, "the kill of rank 1 to land")
+    with pytest.raises(WorkerDiedError, match=r"rank 1 \(pid 1001"):
+        collect([s.actor.ask.remote(2) for s in slots], 300.0, "every rank to answer", slots, on_death=release)
+    assert released == [[0, 2]]

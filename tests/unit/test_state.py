@@ -101,7 +101,7 @@ def test_a_death_marks_its_rank_and_fails_an_idle_group_once():
 def test_a_worker_left_unjoined_by_a_failed_recovery_is_dropped_and_nothing_runs_on_it():
     """A rescale whose only holder of the state died while a new rank joined: the new rank holds nothing, so it
     goes (dead), and the group shows it; until then no cell or snapshot may run on it."""
-    from raytrain_nb._internal.group.executor import drop_unjoined
+    from raytrain_nb._internal.group.undo import drop_unjoined
 
     core = _core(S.FAILED, workers=2)
     core.slots[0].mark(SlotState.DEAD, "SIGKILL")
@@ -114,6 +114,16 @@ def test_a_worker_left_unjoined_by_a_failed_recovery_is_dropped_and_nothing_runs
     assert core.slots[0].error == "SIGKILL"  # a rank that had joined keeps what it was
     with pytest.raises(GroupError, match=r"rank\(s\) 0, 1 are dead or not responding"):
         core.check_usable()
+
+
+def test_sharded_models_left_off_the_process_group_refuse_every_cell_in_one_line_until_they_are_mirrored_again():
+    core = _core(S.FAILED, workers=2)
+    core.mirrors.unsettled = "a rescale failed after re-forming the process group (x): %dist_rescale N re-shards"
+    with pytest.raises(GroupError, match=r"^the sharded models are not sharded over the group's process group: "
+                                         r"a rescale failed .*%dist_rescale N re-shards$"):
+        core.check_usable()
+    core.mirrors.unsettled = ""  # what a refresh of the mirrors does (a re-shard that worked, a rollback)
+    core.check_usable()
 
 
 def test_a_running_or_shut_down_group_takes_no_command():

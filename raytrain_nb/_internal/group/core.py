@@ -22,12 +22,12 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequenc
 from ..checkpoint.run_storage import RunStorage
 from ..errors import GroupError
 from .config import GroupConfig
-from .fanout import collect
+from .fanout import FANOUT, collect
 from .mirrors import Mirrors
 from .rank_refresh import RankValues
 from .slots import SlotTable
 from .state import GroupState, SlotState, check_transition
-from .timing import DEFAULT_HEARTBEAT_TIMEOUT_S
+from .timing import CONTROL_CALL_S, DEFAULT_HEARTBEAT_TIMEOUT_S
 from .types import CellRecord
 from .vitals import Vitals
 
@@ -202,7 +202,8 @@ class GroupCore:
             raise GroupError("the group is running a cell: wait for it, or interrupt it")
 
     def check_usable(self) -> None:
-        """:meth:`check_not_running`, every rank has joined the group, and none is dead or silent."""
+        """:meth:`check_not_running`, every rank has joined the group, none is dead or silent, and its sharded
+        models (if any) are sharded over its process group."""
         self.check_not_running()
         unjoined = [r for r, s in enumerate(self.slots) if not s.joined and not s.gone]
         if unjoined:
@@ -215,19 +216,34 @@ class GroupCore:
                 f"rank(s) {', '.join(map(str, dead))} are dead or not responding: %dist_restart (group.restart()) "
                 "replaces them, %dist_rescale N (group.rescale(n)) continues without them"
             )
+        if self.mirrors.unsettled:
+            raise GroupError(f"the sharded models are not sharded over the group's process group: "
+                             f"{self.mirrors.unsettled}")
 
     # -- asking the ranks --------------------------------------------------------------------
 
-    def collect(self, refs: List[Any], timeout: float, what: str) -> List[Any]:
+    def collect(self, refs: List[Any], timeout: float, what: str, collective: bool = False) -> List[Any]:
         """Every rank's answer to ``refs`` (one call per slot of the group, in rank order, or of the workers
-        being started) within ``timeout`` (saying what it waits for after 5 s).
+        being started) within ``timeout`` (saying what it waits for after 5 s). ``collective``: the calls meet in
+        the process group's collectives (a sharded snapshot, a load, re-sharding), so once one rank died the others
+        are released from them (their process group broken) instead of waiting for it until ``timeout``.
 
         Raises:
             WorkerDiedError: a worker died (naming its rank, pid, node and Ray's cause).
             GroupError: a rank did not answer in time, or raised; one line naming what.
         """
+        slots = list(self.slots)
+
+        def release(pending: List[int]) -> None:
+            alive = [slots[i] for i in pending if i < len(slots) and not slots[i].gone]
+            logger.warning("a rank died while the workers were to %s the group: rank(s) %s are released from its "
+                           "collectives", what, ", ".join(str(i) for i in pending))
+            FANOUT.ask(alive, lambda s: s.actor.release.remote(), CONTROL_CALL_S,
+                       "the ranks left in a collective with a dead peer to be released")
+
         return collect(refs, timeout, f"the workers to {what} the group", self.slots,
-                       hint="raise start_timeout_s or check `ray status`")
+                       hint="raise start_timeout_s or check `ray status`",
+                       on_death=release if collective and len(refs) == len(slots) else None)
 
     @contextlib.contextmanager
     def driver_cell(self, targets: List[int]) -> Iterator[List[Any]]:

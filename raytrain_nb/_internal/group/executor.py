@@ -2,9 +2,10 @@
 
 Each step of the plan is one method here. Steps that touch nothing (handing state over before fresh
 processes, reserving more places) run first, with the group as it was; the first step that touches a
-worker turns the group ``RECOVERING``. When a step fails the executor undoes what the plan's shape allows:
-an in-place replacement drops its new workers (the survivors keep their state); a resize whose new ranks
-could not get their state re-forms the kept workers as they were; fresh processes that did not come up all go,
+worker turns the group ``RECOVERING``. When a step fails the executor undoes what the plan's shape allows
+(``undo.py``): an in-place replacement drops its new workers (the survivors keep their state); a resize whose new
+ranks could not get their state re-forms the kept workers as they were; a sharded group's resize re-forms its live
+kept workers and shards their models again from the gathered mirrors; fresh processes that did not come up all go,
 the handed-over state kept for the next restart.
 
 A new worker rebuilds its namespace in two steps. It replays the group's setup cells, and the imports,
@@ -28,6 +29,7 @@ from .plans import (AwaitPlaces, Carry, CopyFromPeer, GatherMirrors, Join, LoadC
                     Reserve, Reshard, Retire, Spawn)
 from .rank_refresh import refresh_rank_values
 from .retiring import kill_worker, retire
+from .undo import back_to, drop_unjoined, renewal_failed, settle_sharded
 from .slots import Place, Slot
 from .state import GroupState, SlotState
 from .timing import CONTROL_START_S
@@ -89,6 +91,7 @@ class Execution:
         self.import_s = 0.0
         self.spared: Set[int] = set()  # ranks a standby worker took
         self.mirrors: List[Any] = []  # refs to every old rank's mirror of its shards (a sharded group)
+        self.resharded = False  # a sharded group's models are sharded over the new process group
 
     def run(self) -> None:
         """Every step in order, then the group is ``IDLE``; on a failure, undo (see the module) and raise."""
@@ -195,8 +198,8 @@ class Execution:
         core = self.core
         mirrors = self.mirrors if step.from_mirrors else []
         core.collect([s.actor.reshard.remote(mirrors) for s in core.slots], core.settings.start_timeout_s,
-                     "shard their sharded models again from the mirrors in")
-        self.mirrors = []
+                     "shard their sharded models again from the mirrors in", collective=True)
+        self.mirrors, self.resharded = [], True
         core.mirrors.refresh(core)  # every rank's mirror to its new buddy
 
     def do_rebind(self, step: Rebind) -> None:
@@ -272,6 +275,8 @@ class Execution:
             core.transition(GroupState.FAILED)
         elif core.kind.fresh_processes:
             renewal_failed(core)
+        elif any(isinstance(step, Reshard) for step in self.plan.steps) and not self.resharded:
+            settle_sharded(core, self.formation, self.plan.operation, self.keep, self.new, self.mirrors, exc)
         elif isinstance(exc, RecoveryError):
             back_to(core, self.formation, self.keep, self.new)
         else:
@@ -324,47 +329,3 @@ def prepare_new(core: "GroupCore", formation: "Formation",
         failed = core.collect([slots[r].actor.replay.remote(cells) for r in ranks], core.settings.start_timeout_s,
                               "replay the cells of")
     return dict(zip(ranks, failed)), imports
-
-
-def drop_unjoined(core: "GroupCore") -> None:
-    """A formation that failed (a kept rank died while the new ones joined) leaves new workers that never joined:
-    they hold none of the group's state, so they go and their ranks show dead. The group then shows what it has:
-    a restart replaces them from a rank that holds the state, and with none left the restart says to start from
-    a checkpoint; no cell or snapshot runs on a worker that holds nothing (it would write a snapshot without the
-    group's state)."""
-    for rank, slot in enumerate(core.slots):
-        if not slot.joined and not slot.gone:
-            kill_worker(slot)
-            slot.mark(SlotState.DEAD, "started by a recovery that failed before it joined the group: it held none "
-                                      "of the group's state")
-            logger.warning("rank %d: its worker was started by a recovery that failed before it joined, and held "
-                           "none of the group's state: it is stopped", rank)
-
-
-def renewal_failed(core: "GroupCore") -> None:
-    """Fresh processes for every rank did not come up: every one goes (none has the state), and the state
-    handed over stays on the group for the next restart, which then needs no live rank."""
-    for slot in core.slots:
-        kill_worker(slot)
-        slot.mark(SlotState.DEAD, "fresh processes for every rank failed to start")
-    core.transition(GroupState.FAILED)
-    if core.carried is not None:
-        logger.warning("the state of rank %d is kept: %%dist_restart (group.restart()) again starts fresh processes "
-                       "and loads it", core.carried[0])
-
-
-def back_to(core: "GroupCore", formation: "Formation", keep: List[Slot], new: List[Slot]) -> None:
-    """After a rescale the new ranks could not join: drop them and re-form the kept workers as they were."""
-    for slot in new:
-        kill_worker(slot)
-        core.slots.free.append(slot.place)
-    core.slots.assign(keep)
-    try:
-        # the kept workers as they were: at the old size their sharded models keep their own shards
-        formation.rendezvous("join", src=0, keep_shards=len(keep) == core.config.num_workers)
-    except BaseException:
-        core.transition(GroupState.FAILED)
-        raise
-    core.config = dataclasses.replace(core.config, num_workers=len(keep))
-    refresh_rank_values(core)  # the kept workers' size may differ from before the rescale (dead ones dropped)
-    core.transition(GroupState.IDLE)

@@ -19,10 +19,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Type
 
 from ..errors import GroupError, WorkerDiedError, WorkerLostError, WorkerUnresponsiveError, first_line
-from ..waits import FETCH_S, wait_within
+from ..waits import FETCH_S, wait_until, wait_within
 from .monitor import death_cause
 from .slots import Slot
 from .state import SlotState
@@ -68,16 +69,17 @@ def death_of(rank: int, slot: Optional[Slot], cause: str, unresponsive: bool = F
 
 def classify(exc: BaseException, rank: int, slot: Optional[Slot]) -> Tuple[ReplyKind, BaseException]:
     """What an exception from ``ray.get`` of a rank's call means: the rank died (Ray's cause named), or the
-    call raised (the remote exception itself, unwrapped from Ray's task error)."""
+    call raised (the remote exception itself, unwrapped from Ray's task error; also where it is another actor's
+    death, met by the rank fetching that actor's result: the rank itself lives)."""
     import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
+    if isinstance(exc, ray.exceptions.RayTaskError):  # first: a call that raised another actor's death is a raise
+        cause = getattr(exc, "cause", None)
+        return ReplyKind.RAISED, cause if cause is not None else exc
     if isinstance(exc, ray.exceptions.RayActorError):
         return ReplyKind.DIED, death_of(rank, slot, death_cause(exc))
     if isinstance(exc, ray.exceptions.GetTimeoutError):
         return ReplyKind.LATE, exc
-    if isinstance(exc, ray.exceptions.RayTaskError):
-        cause = getattr(exc, "cause", None)
-        return ReplyKind.RAISED, cause if cause is not None else exc
     return ReplyKind.RAISED, exc
 
 
@@ -136,16 +138,22 @@ class Replies:
 
 
 def collect(refs: Sequence[Any], deadline_s: float, what: str, slots: Any = (), *,
-            hint: str = "check `ray status` and the workers' logs") -> List[Any]:
+            hint: str = "check `ray status` and the workers' logs",
+            on_death: Optional[Callable[[List[int]], None]] = None) -> List[Any]:
     """The answers to calls already submitted (``refs``: one per rank, in rank order), under one deadline, typed
     as :meth:`Fanout.ask` types them and checked as :meth:`Replies.check` does. ``slots`` names the workers
     in a death (a ref past their number, or any when the calls went to workers not yet given a rank, is
-    named by its position only)."""
+    named by its position only). ``on_death``: called once, with the positions still unanswered, as soon as one
+    call's worker died (a collective step: the others are released rather than left waiting for the dead peer
+    until the deadline)."""
     import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
     refs = list(refs)
     known = list(slots) if len(slots) == len(refs) else []
-    ready, _ = wait_within(refs, deadline_s, what, logger)
+    if on_death is None:
+        ready, _ = wait_within(refs, deadline_s, what, logger)
+    else:
+        ready = _wait_releasing(refs, deadline_s, what, on_death)
     done = set(ready)
     replies = []
     for i, ref in enumerate(refs):
@@ -158,6 +166,42 @@ def collect(refs: Sequence[Any], deadline_s: float, what: str, slots: Any = (), 
             kind, err = classify(exc, i, known[i] if known else None)
             replies.append(Reply(i, kind, error=err))
     return Replies(replies, what, deadline_s).check(hint=hint)
+
+
+def _died(ref: Any) -> bool:
+    """Whether a ready call's worker died (its answer is Ray's actor error, not a raise of the call)."""
+    import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
+
+    try:
+        ray.get(ref, timeout=FETCH_S)
+    except Exception as exc:  # noqa: BLE001 - only the kind matters here
+        return classify(exc, 0, None)[0] is ReplyKind.DIED
+    return False
+
+
+def _wait_releasing(refs: List[Any], deadline_s: float, what: str, on_death: Callable[[List[int]], None]) -> List[Any]:
+    """:func:`wait_within` that calls ``on_death`` (once, with the positions still pending) when a worker died."""
+    import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
+
+    pending = list(dict.fromkeys(refs))
+    released = False
+
+    def step(slice_s: float) -> bool:
+        nonlocal pending, released
+        end = time.monotonic() + slice_s
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, end - time.monotonic()))
+            if not done:
+                return False
+            if not released and pending and _died(done[0]):
+                released = True
+                waiting = set(pending)
+                on_death([i for i, ref in enumerate(refs) if ref in waiting])
+        return True
+
+    wait_until(step, deadline_s, what, logger)
+    late = set(pending)
+    return [r for r in refs if r not in late]
 
 
 class Fanout:

@@ -56,7 +56,7 @@ def pull_sharded(core: "GroupCore", refusal: Any, rank: Optional[int]) -> Any:
                          "raytrain_nb.torch.dcp_to_torch_save(<snapshot>/sharded, 'model.pt')")
     core.check_usable()
     full = core.collect([s.actor.gather_full.remote(name, 0 if rank is None else rank) for s in core.slots],
-                        timing.SNAPSHOT_WRITE_S, f"gather the sharded {name!r} of")
+                        timing.SNAPSHOT_WRITE_S, f"gather the sharded {name!r} of", collective=True)
     value = full[0 if rank is None else rank]
     return [value] * len(full) if rank is None else value
 
@@ -68,6 +68,12 @@ class Mirrors:
         self.enabled = True
         self.sharded = False  # the group holds a sharded model (known from the last refresh)
         self.holders: Dict[int, Any] = {}  # rank (at the last refresh) -> the actor keeping its mirror
+        self.owners: Dict[int, Any] = {}  # rank (at the last refresh) -> its own actor then
+        #: (point, refs) of the last gather, until the next refresh: what a recovery that failed midway leaves
+        self.gathered: Optional[Tuple[Tuple[int, int], List[Any]]] = None
+        #: why the ranks' sharded models may not be on the group's process group (a recovery failed after
+        #: re-forming it and could not re-shard them); "" when they are
+        self.unsettled = ""
         self.world = 0
         self.last_bytes = 0
         self.last_s = 0.0
@@ -95,6 +101,8 @@ class Mirrors:
         self.point, self.point_report = point, 0
         self.sharded = any(sizes)
         self.holders = {r: slots[(r + 1) % n].actor for r in range(n)} if self.sharded else {}
+        self.owners = {r: slots[r].actor for r in range(n)} if self.sharded else {}
+        self.gathered, self.unsettled = None, ""  # every rank's shards are mirrored as they are now
         self.world = n if self.sharded else 0
         self.last_bytes, self.last_s = sum(sizes), time.perf_counter() - started
         self.shares = list(sizes) if self.sharded else []
@@ -178,13 +186,13 @@ class Mirrors:
             return self.summary()
         core.collect([s.actor.mirror_forget.remote() for s in core.slots if not s.gone], timing.CONTROL_CALL_S,
                      "drop the mirrors of shards in")
-        self.holders, self.world = {}, 0
+        self.holders, self.world, self.gathered = {}, 0, None
         return self.summary()
 
     def unmirrored(self, core: "GroupCore") -> Tuple[Tuple[int, ...], str]:
         """The ranks (at the last refresh) whose mirror is kept by a worker that is gone, and why, for the plan."""
-        if not self.sharded:
-            return (), ""
+        if not self.sharded or (self.gathered is not None and self.gathered[0] == self.point):
+            return (), ""  # (a failed recovery's gather holds every rank's mirror)
         if not self.enabled or not self.holders:
             return tuple(core.slots.gone_ranks()), "mirrors of shards are off (group.mirror_shards(False))"
         alive = {id(s.actor) for s in core.slots if not s.gone}
@@ -193,46 +201,85 @@ class Mirrors:
 
     def gather(self, core: "GroupCore") -> List[Any]:
         """Object refs to every rank's mirror (at the last refresh), before any worker is touched; a live rank whose
-        mirror went with its buddy gives a fresh one, if it has not trained since.
+        mirror went with its buddy gives its own copy of the point, or a fresh one if it has not trained since.
+
+        Every mirror is handed over as the result of a call the driver owns, and the call is confirmed done (a
+        small second result), so a buddy dying meanwhile is seen here, not when the ranks re-shard. The refs stay
+        held until the mirrors are refreshed: a recovery that failed after touching the workers leaves them for
+        the next one (the buddies it retired, or a half re-sharded rank, no longer hold the point).
 
         Raises:
             GroupError: a rank's shards are gone (one line, offering ``--from-checkpoint``).
         """
         if self._staging:
             self.stage(core, {})  # a point whose every mirror was kept after the last poll
-        slots = list(core.slots)
-        live = {id(s.actor) for s in slots if not s.gone}
-        kept = {r for r in range(self.world) if id(self.holders.get(r)) in live}
-        retake = [r for r in range(self.world) if r not in kept and r < len(slots) and not slots[r].gone]
-        gone = [r for r in range(self.world) if r not in kept and r not in retake]
+        if self.gathered is not None and self.gathered[0] == self.point:
+            return list(self.gathered[1])
+        held = self._alive(core, self.holders)
+        refs = self._handed({r: self.holders[r].mirror_hand.options(num_returns=2).remote(r, self.point)
+                             for r in range(self.world) if r in held})
+        owners = self._alive(core, self.owners)
+        retake = [r for r in range(self.world) if r not in refs and r in owners]
+        gone = [r for r in range(self.world) if r not in refs and r not in owners]
         if gone:
             raise GroupError(LOST_SHARDS.format(ranks=", ".join(map(str, gone)),
-                                         why="their buddy, which kept their mirror, is gone too"))
-        owns = core.collect([slots[r].actor.mirror_own.remote(self.point) for r in retake], timing.CONTROL_CALL_S,
-                            "hand over their own copy of the mirror point in")
-        own = {r: ref for r, ref in zip(retake, owns) if ref is not None}  # a mid-cell point: still referenced
-        retake = [r for r in retake if r not in own]
-        clean = core.collect([slots[r].actor.mirror_is_clean.remote(self.point) for r in retake],
-                             timing.CONTROL_CALL_S, "say whether they trained since their mirror in")
-        dirty = [r for r, ok in zip(retake, clean) if not ok]
-        if dirty:
-            raise GroupError(LOST_SHARDS.format(ranks=", ".join(map(str, dirty)), why=(
-                "their buddy, which kept their mirror, is gone, and they trained since, so their shards no longer "
-                "match the others' mirror point")))
-        # refs only: each rank fetches them when it re-shards; the driver never holds the shards. They are in the
-        # object store before any worker (a holder among them) is retired.
-        refs = [self.holders[r].mirror_get.remote(r, self.point) if r in kept else
-                own[r] if r in own else slots[r].actor.mirror_take.remote() for r in range(self.world)]
-        _, late = wait_within(refs, timing.SNAPSHOT_WRITE_S, "every rank's mirror of its shards to be handed over",
-                              log=logger)
-        if late:
-            raise GroupError(f"{len(late)} mirror(s) of shards were not handed over within "
-                             f"{timing.SNAPSHOT_WRITE_S:g} s: %dist_status shows which ranks do not answer")
+                                                why="their buddy, which kept their mirror, is gone too"))
+        if retake:  # their own copy of a mid-cell point (control threads), else a fresh take if they did not train
+            refs.update(self._handed({r: self.owners[r].mirror_own_hand.options(num_returns=2).remote(self.point)
+                                      for r in retake}))
+            retake = [r for r in retake if r not in refs]
+            clean = core.collect([self.owners[r].mirror_is_clean.remote(self.point) for r in retake],
+                                 timing.CONTROL_CALL_S, "say whether they trained since their mirror in")
+            dirty = [r for r, ok in zip(retake, clean) if not ok]
+            if dirty:
+                raise GroupError(LOST_SHARDS.format(ranks=", ".join(map(str, dirty)), why=(
+                    "their buddy, which kept their mirror, is gone, and they trained since, so their shards no "
+                    "longer match the others' mirror point")))
+            refs.update(self._handed({r: self.owners[r].mirror_hand_take.options(num_returns=2).remote()
+                                      for r in retake}))
+        lost = [r for r in range(self.world) if r not in refs]
+        if lost:
+            raise GroupError(LOST_SHARDS.format(ranks=", ".join(map(str, lost)), why=(
+                "the worker handing over their mirror died or did not answer meanwhile")))
         self.restored_report = self.point_report
         if self.point_report:
             logger.info("the shards come back as they were at report %d of the last cell (its last mirror point)",
                         self.point_report)
-        return refs
+        # refs only: each rank fetches them when it re-shards; the driver never holds the shards. They are in the
+        # object store, owned by the driver, before any worker (a holder among them) is retired.
+        ordered = [refs[r] for r in range(self.world)]
+        self.gathered = (self.point, ordered)
+        return list(ordered)
+
+    @staticmethod
+    def _alive(core: "GroupCore", actors: Dict[int, Any]) -> Dict[int, Any]:
+        """Of ``actors`` (rank -> actor), those whose worker is still one of the group's live workers."""
+        live = {id(s.actor) for s in core.slots if not s.gone}
+        return {r: a for r, a in actors.items() if id(a) in live}
+
+    @staticmethod
+    def _handed(calls: Dict[int, Tuple[Any, Any]]) -> Dict[int, Any]:
+        """rank -> the ref of its mirror, for the hand-overs (``(mirror ref, done ref)`` each) that are done and
+        held a mirror; one whose worker died, raised or did not answer in time is left out (logged)."""
+        import ray  # ray: loaded when a group runs, not on import raytrain_nb
+
+        if not calls:
+            return {}
+        dones = [done for _, done in calls.values()]
+        ready, _ = wait_within(dones, timing.SNAPSHOT_WRITE_S, "every rank's mirror of its shards to be handed over",
+                               log=logger)
+        out: Dict[int, Any] = {}
+        for r, (mirror, done) in calls.items():
+            if done not in ready:
+                logger.warning("the mirror of rank %d was not handed over within %g s", r, timing.SNAPSHOT_WRITE_S)
+                continue
+            try:
+                if ray.get(done, timeout=timing.CONTROL_CALL_S):
+                    out[r] = mirror
+            except Exception as exc:  # noqa: BLE001 - the worker handing it over died or raised: another way
+                logger.warning("the mirror of rank %d could not be handed over: %s", r,
+                               str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return out
 
     def share_text(self, rank: int) -> str:
         """What rank ``rank`` holds of a sharded group (for ``%dist_status`` and the dashboard), or ""."""

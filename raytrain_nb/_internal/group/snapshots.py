@@ -60,7 +60,7 @@ def checkpoint(core: "GroupCore", name: Optional[str], var_names: Sequence[str],
         else:
             core.check_usable()
             core.collect([a.snapshot.remote(staged, list(var_names), not blocking) for a in actors],
-                         timing.SNAPSHOT_WRITE_S, "snapshot")
+                         timing.SNAPSHOT_WRITE_S, "snapshot", collective=True)
             core.mirrors.refresh_safely(core)  # between cells: a sharded group's shards to the buddies too
             if not blocking:
                 waits = [a.snapshot_wait.remote(timing.BACKGROUND_WRITE_S) for a in actors]
@@ -166,7 +166,7 @@ def rollback(core: "GroupCore", name_or_index: Union[str, int], run: Optional[st
         raise CheckpointError(f"{entry.name} is a reported checkpoint (your own files): load it in a cell with "
                               "raytrain_nb.get_checkpoint() or Checkpoint; rollback takes snapshots")
     results = core.collect([s.actor.rollback.remote(entry.path, allow_pickle) for s in core.slots],
-                           timing.SNAPSHOT_WRITE_S, "roll back")
+                           timing.SNAPSHOT_WRITE_S, "roll back", collective=True)
     changed = sorted({n for r in results for n in r["changed"]})
     if core.mirrors.sharded:  # the buddies keep the rolled-back shards
         core.mirrors.refresh_safely(core)
@@ -181,7 +181,7 @@ def load(core: "GroupCore", source: Any, allow_pickle: bool) -> RollbackResult:
     state_files(url)  # on the driver first: a wrong directory fails once, before any rank loads
     wait_background(core)
     results = core.collect([s.actor.load_state.remote(url, allow_pickle) for s in core.slots],
-                           timing.SNAPSHOT_WRITE_S, "load a checkpoint into")
+                           timing.SNAPSHOT_WRITE_S, "load a checkpoint into", collective=True)
     changed = sorted({n for r in results for n in r["changed"]})
     if core.mirrors.sharded:  # the buddies keep the loaded shards
         core.mirrors.refresh_safely(core)

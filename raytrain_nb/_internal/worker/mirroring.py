@@ -25,7 +25,7 @@ from .snapshot import find_tracked
 logger = logging.getLogger(__name__)
 
 #: The worker's mirror calls answered on the control threads, while a cell runs.
-CONTROL_METHODS = ("mirror_stage", "mirror_own", "mirror_committed")
+CONTROL_METHODS = ("mirror_stage", "mirror_own", "mirror_own_hand", "mirror_committed")
 
 #: At most this many of its own mid-cell takes a rank keeps referenced (in the object store), from the point in use
 #: on, for a restart whose buddy died (normally the point in use and the one or two taken since).
@@ -170,6 +170,20 @@ class MirroringWorker:
         with state["lock"]:
             return state["own"].get(tuple(point))
 
+    def mirror_own_hand(self, point: Point) -> Tuple[Optional[Dict[str, Any]], bool]:
+        """:meth:`mirror_own`'s mirror itself (a result the caller owns, so it outlives this worker) and whether
+        there is one; the driver calls it with two results and waits for the small second one."""
+        import ray  # ray: the worker runs inside it; loaded here for the ref only
+
+        ref = self.mirror_own(point)
+        mirror = ray.get(ref) if ref is not None else None
+        return mirror, mirror is not None
+
+    def mirror_hand_take(self) -> Tuple[Optional[Dict[str, Any]], bool]:
+        """:meth:`mirror_take` now, and whether there is one (two results, as :meth:`mirror_own_hand`)."""
+        mirror = self.mirror_take()
+        return mirror, mirror is not None
+
     def _stepped_since_mirror(self, tracked: Any) -> bool:
         """Whether this rank's sharded optimizers stepped since its last mirror (or none was taken)."""
         return _version(tracked) != self.__dict__.get("_mirror_version")
@@ -230,6 +244,11 @@ class MirroringWorker:
         store = self._mirror_store()
         with self.__dict__["_held_lock"]:
             return store.get(rank, {}).get(point)
+
+    def mirror_hand(self, rank: int, point: Any = None) -> Tuple[Optional[Dict[str, Any]], bool]:
+        """:meth:`mirror_get`, and whether this worker keeps one (two results, as :meth:`mirror_own_hand`)."""
+        mirror = self.mirror_get(rank, point)
+        return mirror, mirror is not None
 
     def mirror_forget(self) -> None:
         """Drop every mirror this worker keeps for others, its own mid-cell ones, and the cadence."""

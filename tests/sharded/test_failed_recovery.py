@@ -1,0 +1,58 @@
+"""A sharded group's rescale that meets a death: a buddy that cannot hand a mirror over is replaced by the rank's own
+copy before anything is touched, and a rank dying once the group re-formed leaves the live kept workers going, their
+models sharded again from the gathered mirrors (never on the old process group's mesh)."""
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import ray
+
+from raytrain_nb import WorkerGroup
+from raytrain_nb._internal.errors import GroupError
+from raytrain_nb._internal.group.executor import Execution
+
+from ..groups import each_rank, quiet
+from .test_sharded_group import BUILD, TRAIN_FN, assert_same, full_state
+
+
+@pytest.fixture
+def group(ray_session, tmp_path_factory):
+    group = WorkerGroup(3, storage_path=str(tmp_path_factory.mktemp("runs")), name="sharded-failed")
+    quiet(group, BUILD + TRAIN_FN, setup=True)
+    quiet(group, "train_steps(2)")
+    yield group
+    group.shutdown()
+
+
+def test_a_buddy_that_no_longer_holds_a_mirror_is_replaced_by_the_ranks_own_copy(group):
+    before = full_state(group)
+    core = group._core
+    ray.get(core.slots[2].actor.mirror_forget.remote(), timeout=60)  # rank 2 kept rank 1's mirror
+    group.rescale(2)
+    assert each_rank(group, "train.get_context().get_world_size()") == [2, 2]
+    assert_same(full_state(group), before)
+    quiet(group, "train_steps(1)")  # and it trains on the new mesh
+
+
+def test_a_kept_rank_dying_once_the_group_re_formed_leaves_the_others_going_at_the_mirror_point(group, monkeypatch):
+    before = full_state(group)
+    pid = group.status()[1].pid
+    reshard = Execution.do_reshard
+
+    def die_first(self, step):  # the fault: rank 1 is SIGKILLed after the group re-formed, before re-sharding
+        os.kill(pid, signal.SIGKILL)
+        return reshard(self, step)
+
+    monkeypatch.setattr(Execution, "do_reshard", die_first)
+    with pytest.raises(GroupError, match="rank 1"):
+        group.rescale(2)
+    monkeypatch.undo()
+    statuses = group.status()
+    assert [s.state.value for s in statuses] == ["idle"]
+    assert each_rank(group, "train.get_context().get_world_size()") == [1]
+    assert_same(full_state(group), before)  # every old rank's shards, from the mirrors, on the 1-rank mesh
+    quiet(group, "train_steps(1)")
+    group.rescale(3)  # and grows again from its new mirrors
+    assert each_rank(group, "train.get_context().get_world_size()") == [3, 3, 3]
