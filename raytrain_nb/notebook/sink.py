@@ -1,6 +1,7 @@
 """Worker output rendered in a Jupyter cell: text streams, rich display data, the cell's value."""
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -24,6 +25,10 @@ class MimeBundle:
         return str(self.data.get("text/plain", ""))
 
 
+#: A worker's notice of output it dropped (``worker/capture.py``: its buffer was full, the driver slow to drain).
+_DROPPED = re.compile(r"\n?\[(\d+) characters of output dropped\]\n")
+
+
 class NotebookSink(OutputSink):
     """Streams into the running cell's output; display data via IPython's publisher."""
 
@@ -34,6 +39,11 @@ class NotebookSink(OutputSink):
 
     def stream(self, rank: int, name: str, text: str, label: bool) -> None:
         target = sys.stderr if name == "stderr" else sys.stdout
+        dropped = _DROPPED.findall(text)
+        if dropped:  # a worker's count of what it could not buffer is never itself held back
+            text = _DROPPED.sub("", text)
+            sys.stderr.write("".join(f"[rank {rank}: {n} characters of output dropped]\n" for n in dropped))
+            sys.stderr.flush()
         shown, notice = self._cap.admit(self._label(rank, name, text) if label else text)
         if notice:
             sys.stderr.write(notice)

@@ -216,8 +216,12 @@ def test_a_flood_of_output_is_capped_named_and_output_resumes(nb):
     assert lines[:3] == ["000000", "000001", "000002"] and len(lines) < 40000
     assert len(out) < 1_500_000 and out.rstrip().endswith("after the flood")
     total = sum(len(f"flood line {i:06d} " + "." * 100) + 1 for i in range(40000))
-    # every character is shown or counted (a line cut by the workers' batching counts only in part)
-    assert abs(len(lines) * 119 + int(held.group(1).replace(",", "")) - total) < 119
+    # every character is shown or counted (a line cut by the workers' batching counts only in part); a driver slow
+    # to drain (a loaded machine) also leaves the worker dropping what it cannot buffer, which it counts as well
+    dropped = sum(int(n) for n in re.findall(r"\[rank 0: (\d+) characters of output dropped\]", err))
+    held_back = sum(int(n.replace(",", "")) for n in re.findall(r"\[raytrain_nb: ([\d,]+) characters of output not "
+                                                                 r"shown\]", err))
+    assert abs(len(lines) * 119 + held_back + dropped - total) < 119
 
 
 def test_collective_barrier_and_broadcast_in_cells(nb):

@@ -56,3 +56,13 @@ def test_a_kept_rank_dying_once_the_group_re_formed_leaves_the_others_going_at_t
     quiet(group, "train_steps(1)")
     group.rescale(3)  # and grows again from its new mirrors
     assert each_rank(group, "train.get_context().get_world_size()") == [3, 3, 3]
+
+
+def test_a_rescale_that_renumbers_the_kept_ranks_shards_them_at_their_new_ranks(group):
+    """Rank 0 dead, rescale to the same size: ranks 1 and 2 become 0 and 1 and a new rank 2 joins. A kept rank's new
+    mesh equals its old one (same shape and ranks), so it must not keep the old rank's coordinate."""
+    before = full_state(group)
+    os.kill(group.status()[0].pid, signal.SIGKILL)
+    group.rescale(3)
+    assert each_rank(group, "next(iter(model.parameters())).device_mesh.get_coordinate()[0]") == [0, 1, 2]
+    assert_same(full_state(group), before)

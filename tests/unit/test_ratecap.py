@@ -45,3 +45,14 @@ def test_rate_zero_or_the_environment_turns_it_off(monkeypatch):
     assert RateCap().rate == 0
     monkeypatch.setenv("RAYTRAIN_NB_OUTPUT_RATE", "5000")
     assert (RateCap().rate, RateCap().burst) == (5000, 600_000)
+
+
+def test_a_workers_count_of_dropped_output_is_never_held_back(capsys):
+    from raytrain_nb.notebook.sink import NotebookSink
+
+    sink = NotebookSink()
+    sink._cap = RateCap(rate=10, burst=10, clock=lambda: 0.0)  # a flood: nothing more is let through
+    sink.stream(0, "stdout", "x" * 50 + "\n", label=False)
+    sink.stream(0, "stderr", "some text " * 5 + "\n\n[1234 characters of output dropped]\n", label=False)
+    err = capsys.readouterr().err
+    assert "[rank 0: 1234 characters of output dropped]" in err and "some text" not in err

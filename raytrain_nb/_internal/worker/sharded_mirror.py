@@ -10,12 +10,16 @@ them: DCP's N -> M resharding, done from memory.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import Any, Dict, List, Sequence, Tuple
 
 from .sharded import is_fsdp2, recipe_of
 
 logger = logging.getLogger(__name__)
+
+#: Numbers the meshes this process re-shards over (each mesh's dimension is named ``shard<n>``): see :func:`reshard`.
+_MESHES = itertools.count(1)
 
 def _piece(t: Any) -> Any:
     """A tensor as a mirror keeps it: a DTensor's local shard (a copy) with its offset and the full shape; a plain
@@ -124,7 +128,11 @@ def reshard(tracked: Any, mirrors: Sequence[Dict[str, Any]], device: Any) -> Lis
     # torch.distributed's checkpoint and FSDP: loaded only for sharded models
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    # A mesh of its own name: a DeviceMesh equals any other of the same shape, ranks and device whatever this
+    # process's rank in it, and DTensor caches ops' output shardings by mesh; after a rescale that renumbered this
+    # worker, an op on the new shards (to_empty making the parameters) would get the old mesh back, with the old
+    # rank's coordinate, and the rank would fill and use another rank's slice of every tensor.
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=(f"shard{next(_MESHES)}",))
     done: List[str] = []
     for path, module in tracked.sharded.items():
         recipe = recipe_of(module)
