@@ -8,6 +8,7 @@ import signal
 
 import pytest
 import ray
+import torch
 
 from raytrain_nb import WorkerGroup
 from raytrain_nb._internal.errors import GroupError
@@ -66,3 +67,18 @@ def test_a_rescale_that_renumbers_the_kept_ranks_shards_them_at_their_new_ranks(
     group.rescale(3)
     assert each_rank(group, "next(iter(model.parameters())).device_mesh.get_coordinate()[0]") == [0, 1, 2]
     assert_same(full_state(group), before)
+
+
+def test_a_model_that_never_trained_comes_back_though_a_rank_and_its_buddy_are_both_needed(ray_session, tmp_path):
+    """Mirroring an optimizer that never stepped makes its state (DCP's zero-lr step): the rank is still clean, so
+    when its buddy dies its own fresh copy stands in."""
+    group = WorkerGroup(2, storage_path=str(tmp_path), name="never-trained")
+    try:
+        quiet(group, BUILD, setup=True)  # then no other cell (one would mirror again)
+        before = group.pull("model", rank=0)  # gathered by the workers, not a cell
+        os.kill(group.status()[1].pid, signal.SIGKILL)  # rank 1 kept rank 0's mirror
+        group.restart()
+        after = group.pull("model", rank=0)
+        assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    finally:
+        group.shutdown()

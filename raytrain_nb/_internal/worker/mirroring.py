@@ -108,12 +108,14 @@ class MirroringWorker:
             raise RecoveryError(f"rank {self.rank} trained since its last mirror and its mirror is gone with its "
                                 "buddy, so no consistent copy of every rank's shards is left: restart from a "
                                 "snapshot (%dist_restart --from-checkpoint NAME)")
+        mirror = sharded_mirror.take(tracked)
+        # after the take: taking a mirror of an optimizer that never stepped makes its state (DCP's zero-lr step)
         self.__dict__["_mirror_version"] = _version(tracked)
         if point is not None:
             state = self._mirror_state()
             with state["lock"]:
                 state["point"], state["own"], state["out"] = tuple(point), {}, []
-        return sharded_mirror.take(tracked)
+        return mirror
 
     def _set_cadence(self, every: int) -> None:
         """Take a mirror inside every ``every``-th report (0: never; the session's hook goes)."""
