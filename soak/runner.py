@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional
 from . import faults, programs
 from .ledger import Ledger, compare_ranks
 from .report import Stats
-from .shards import MirrorWatch, lost_shards
+from .shards import UNSETTLED, MirrorWatch, lost_shards
 from .watchdog import Outcome, dump_stacks, excerpt
 
 #: Deadlines of the operations, in seconds.
@@ -273,6 +273,11 @@ class Runner:
                 break
             self.digests = None
             self.record("digests", out)
+            if self.shards is not None and UNSETTLED in out.message:  # do what the refusal says: rescale
+                st = self.d.status(DEADLINES["query"])
+                again, _ = self.d.rescale(len(st.value) if st.ok else 1, DEADLINES["rescale"])
+                self.record("recover-rescale", again)
+                continue
             if not out.named:
                 if self.shards is not None:
                     self.shards.end_step(None)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
+from raytrain_nb._internal.group.mirrors import UNSETTLED  # noqa: F401 - the soak recovers from it (runner.py)
 from raytrain_nb._internal.group.plans import LOST_SHARDS
 
 #: The start of the product's one-line refusal when a rank's shards are gone with it and its buddy.

@@ -23,7 +23,7 @@ from ..checkpoint.run_storage import RunStorage
 from ..errors import GroupError
 from .config import GroupConfig
 from .fanout import FANOUT, collect
-from .mirrors import Mirrors
+from .mirrors import UNSETTLED, Mirrors
 from .rank_refresh import RankValues
 from .slots import SlotTable
 from .state import GroupState, SlotState, check_transition
@@ -217,8 +217,7 @@ class GroupCore:
                 "replaces them, %dist_rescale N (group.rescale(n)) continues without them"
             )
         if self.mirrors.unsettled:
-            raise GroupError(f"the sharded models are not sharded over the group's process group: "
-                             f"{self.mirrors.unsettled}")
+            raise GroupError(f"{UNSETTLED}: {self.mirrors.unsettled}")
 
     # -- asking the ranks --------------------------------------------------------------------
 

@@ -36,6 +36,10 @@ logger = logging.getLogger(__name__)
 
 
 
+#: The start of the one-line refusal of every cell while a failed recovery left the sharded models off the group's
+#: process group (:attr:`Mirrors.unsettled` says why and what to do).
+UNSETTLED = "the sharded models are not sharded over the group's process group"
+
 #: ``%dist_pull`` / ``group.pull`` of a sharded model gathers its full state dict only up to this size (every rank
 #: holds the whole model for a moment, and the driver receives it); above it the pull is refused.
 PULL_GATHER_MAX_BYTES = 2 * 2**30
