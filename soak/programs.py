@@ -96,11 +96,8 @@ STYLES: Dict[str, Style] = {s.name: s for s in (
           forward="loss = model(torch.randn(16, 16)).pow(2).mean()", sharded=True),
 )}
 
-#: The styles a soak draws from by default (``--styles`` picks others). ``fsdp2`` is drawn only when asked
-#: (``--styles fsdp2``): its soak still finds two faults of sharded recovery (a rescale down that fails when a rank dies
-#: in it leaves the kept ranks' models on the old mesh; a rank killed in an async snapshot's write, recovered by a
-#: rescale, can come back past the mirror point), which CI's soak must not draw until they are fixed.
-DEFAULT_STYLES = ("fn", "inline", "dict", "attr", "gan")
+#: The styles a soak draws from by default (``--styles`` picks others), the sharded one among them.
+DEFAULT_STYLES = ("fn", "inline", "dict", "attr", "gan", "fsdp2")
 
 
 def prelude(ballast_mb: float) -> str:
