@@ -232,7 +232,7 @@ class ProcessGroupState:
                 import torch.distributed as dist  # torch: loaded on first use, not on import raytrain_nb
 
                 abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
-                if abort is not None:
+                if abort is not None and dist.is_initialized():  # (none: its group is already gone)
                     abort()
             except Exception as exc:  # pragma: no cover - GPU only
                 logger.warning("nccl abort failed: %s", exc)
