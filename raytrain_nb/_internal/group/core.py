@@ -22,12 +22,13 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequenc
 from ..checkpoint.run_storage import RunStorage
 from ..errors import GroupError
 from .config import GroupConfig
-from .fanout import FANOUT, collect
+from .fanout import collect
 from .mirrors import UNSETTLED, Mirrors
 from .rank_refresh import RankValues
 from .slots import SlotTable
 from .state import GroupState, SlotState, check_transition
-from .timing import CONTROL_CALL_S, DEFAULT_HEARTBEAT_TIMEOUT_S
+from .steps import release_ranks
+from .timing import DEFAULT_HEARTBEAT_TIMEOUT_S
 from .types import CellRecord
 from .vitals import Vitals
 
@@ -234,13 +235,11 @@ class GroupCore:
         slots = list(self.slots)
 
         def release(pending: List[int]) -> None:
-            alive = [slots[i] for i in pending if i < len(slots) and not slots[i].gone]
             logger.warning("a rank died while the workers were to %s the group: rank(s) %s are released from its "
                            "collectives", what, ", ".join(str(i) for i in pending))
-            FANOUT.ask(alive, lambda s: s.actor.release.remote(), CONTROL_CALL_S,
-                       "the ranks left in a collective with a dead peer to be released")
+            release_ranks([slots[i] for i in pending if not slots[i].gone])
 
-        return collect(refs, timeout, f"the workers to {what} the group", self.slots,
+        return collect(refs, timeout, f"the workers to {what} the group", slots,
                        hint="raise start_timeout_s or check `ray status`",
                        on_death=release if collective and len(refs) == len(slots) else None)
 

@@ -150,37 +150,40 @@ def collect(refs: Sequence[Any], deadline_s: float, what: str, slots: Any = (), 
 
     refs = list(refs)
     known = list(slots) if len(slots) == len(refs) else []
+    answers: Dict[Any, Tuple[bool, Any]] = {}  # ref -> (ok, value or exception): each answer fetched once
     if on_death is None:
         ready, _ = wait_within(refs, deadline_s, what, logger)
     else:
-        ready = _wait_releasing(refs, deadline_s, what, on_death)
+        ready = _wait_releasing(refs, deadline_s, what, on_death, answers)
     done = set(ready)
     replies = []
     for i, ref in enumerate(refs):
         if ref not in done:
             replies.append(Reply(i, ReplyKind.LATE))
             continue
-        try:
-            replies.append(Reply(i, ReplyKind.OK, ray.get(ref, timeout=FETCH_S)))  # ready: only fetched
-        except Exception as exc:  # noqa: BLE001 - typed here
-            kind, err = classify(exc, i, known[i] if known else None)
+        ok, value = answers[ref] if ref in answers else _fetch(ref)
+        if ok:
+            replies.append(Reply(i, ReplyKind.OK, value))
+        else:
+            kind, err = classify(value, i, known[i] if known else None)
             replies.append(Reply(i, kind, error=err))
     return Replies(replies, what, deadline_s).check(hint=hint)
 
 
-def _died(ref: Any) -> bool:
-    """Whether a ready call's worker died (its answer is Ray's actor error, not a raise of the call)."""
+def _fetch(ref: Any) -> Tuple[bool, Any]:
+    """A ready call's answer: ``(True, value)``, or ``(False, the exception)`` to be typed."""
     import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
     try:
-        ray.get(ref, timeout=FETCH_S)
-    except Exception as exc:  # noqa: BLE001 - only the kind matters here
-        return classify(exc, 0, None)[0] is ReplyKind.DIED
-    return False
+        return True, ray.get(ref, timeout=FETCH_S)  # ready: only fetched
+    except Exception as exc:  # noqa: BLE001 - typed by the caller
+        return False, exc
 
 
-def _wait_releasing(refs: List[Any], deadline_s: float, what: str, on_death: Callable[[List[int]], None]) -> List[Any]:
-    """:func:`wait_within` that calls ``on_death`` (once, with the positions still pending) when a worker died."""
+def _wait_releasing(refs: List[Any], deadline_s: float, what: str, on_death: Callable[[List[int]], None],
+                    answers: Dict[Any, Tuple[bool, Any]]) -> List[Any]:
+    """:func:`wait_within` that calls ``on_death`` (once, with the positions still pending) when a worker died;
+    each answer is fetched as it comes, into ``answers``."""
     import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
     pending = list(dict.fromkeys(refs))
@@ -193,7 +196,9 @@ def _wait_releasing(refs: List[Any], deadline_s: float, what: str, on_death: Cal
             done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, end - time.monotonic()))
             if not done:
                 return False
-            if not released and pending and _died(done[0]):
+            answers[done[0]] = _fetch(done[0])
+            ok, value = answers[done[0]]
+            if not released and pending and not ok and classify(value, 0, None)[0] is ReplyKind.DIED:
                 released = True
                 waiting = set(pending)
                 on_death([i for i, ref in enumerate(refs) if ref in waiting])

@@ -39,7 +39,7 @@ def _activities(slots: Sequence[Slot], ranks: Sequence[int]) -> Dict[int, Any]:
                       "the ranks to say what they do", ranks=list(ranks)).values()
 
 
-def _release(slots: Sequence[Slot]) -> None:
+def release_ranks(slots: Sequence[Slot]) -> None:
     """Break every rank's process group so ranks blocked in the step return."""
     FANOUT.ask(list(slots), lambda s: s.actor.release.remote(), CONTROL_CALL_S,
                "every rank to break its process group")
@@ -61,7 +61,7 @@ def await_settled(slots: Sequence[Slot], deadline_s: float) -> None:
             return
         if not released:
             released = True
-            _release([slots[r] for r in busy])
+            release_ranks([slots[r] for r in busy])
         if time.monotonic() - start > deadline_s:
             raise GroupError(f"rank(s) {', '.join(map(str, busy))} are still in an earlier formation of the process "
                              f"group after {deadline_s:g} s: %dist_status shows them; %dist_restart replaces them")
@@ -94,7 +94,7 @@ def await_step(slots: Sequence[Slot], refs: List[Any], step: str, deadline_s: fl
                 ray.get(ref, timeout=CONTROL_CALL_S)
             except Exception as exc:  # noqa: BLE001 - a rank failed: the step cannot end
                 if pending:
-                    _release(slots)
+                    release_ranks(slots)
                 rank = refs.index(ref)
                 _raise_for(exc, rank, slots[rank], what)
         if not pending:
@@ -106,11 +106,11 @@ def await_step(slots: Sequence[Slot], refs: List[Any], step: str, deadline_s: fl
         if now - start >= STEP_GRACE_S:
             problem = _check(slots, waiting, step, now, first_done, odd, last_answer, silent_s, start, preparing)
             if problem:
-                _release(slots)
+                release_ranks(slots)
                 raise RecoveryError(f"could not {what}: {problem}; the group's process group was broken so "
                                     "no rank waits: run the command again (%dist_restart or %dist_rescale)")
         if now - start > deadline_s:
-            _release(slots)
+            release_ranks(slots)
             late = sorted(preparing & set(waiting))
             if late:
                 raise GroupError(f"the workers did not {what} within {deadline_s:g} s: rank(s) "
