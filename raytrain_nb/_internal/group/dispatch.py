@@ -54,6 +54,7 @@ class Dispatch:
         self._stuck_deadline = 0.0
         self._released_at = 0.0  # when the first rank was released after a peer failed
         self._peers_released = False
+        self._first = True  # the first wait of the call (see _step)
         self._told: Set[int] = set()  # ranks rank 0's worker was told ended the call (raytrain_nb.collective)
         # a framework backend's collective (C++) cannot be released: ranks left in it are stopped after this long
         self._stop_after_s = core.kind.stop_after_peer_failure_s
@@ -82,9 +83,19 @@ class Dispatch:
     def _step(self, timeout: float) -> None:
         import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
-        ready, _ = ray.wait(list(self.pending), num_returns=len(self.pending), timeout=timeout)
+        outcomes = None
+        if self._first:  # most cells end within the first interval: their answers in one call, not a wait and a get
+            self._first = False
+            try:
+                outcomes = [CellOutcome.from_wire(x) for x in ray.get(list(self.pending), timeout=timeout)]
+                ready = list(self.pending)
+            except Exception:  # noqa: BLE001 - still running (GetTimeoutError) or a death: the general path sorts it
+                timeout = 0.0
+        if outcomes is None:
+            ready, _ = ray.wait(list(self.pending), num_returns=len(self.pending), timeout=timeout)
+            outcomes = self._fetch(ready)
         metrics: List[Dict[str, Any]] = []
-        for ref, res in zip(ready, self._fetch(ready)):
+        for ref, res in zip(ready, outcomes):
             rank = self.pending.pop(ref)
             self.results[rank] = res
             self._emit(rank, res.outputs, [])
@@ -110,14 +121,14 @@ class Dispatch:
         import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
         try:
-            return ray.get(ready, timeout=timing.CONTROL_CALL_S)  # ready: it only fetches the results
+            return [CellOutcome.from_wire(x) for x in ray.get(ready, timeout=timing.CONTROL_CALL_S)]  # ready: a fetch
         except Exception:  # noqa: BLE001 - which one failed, and how, is sorted out rank by rank
             pass
         out = []
         for ref in ready:
             rank = self.pending[ref]
             try:
-                out.append(ray.get(ref, timeout=timing.CONTROL_CALL_S))
+                out.append(CellOutcome.from_wire(ray.get(ref, timeout=timing.CONTROL_CALL_S)))
             except Exception as exc:  # noqa: BLE001 - run_cell catches the user's errors: this is a death
                 kind, error = classify(exc, rank, self._slot(rank))
                 if kind is not ReplyKind.DIED:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 from ..errors import GroupError, RankFailure, WorkerError
 from ..output import OUTPUT_MODES, OutputSink, TextSink
 from ..worker.cell import format_user_traceback, needs_ipython
+from ..worker.collective import CollectiveSpec
 from ..worker.outcome import CellOutcome
 from ..worker.sharded import ShardedPull
 from . import timing
@@ -36,6 +37,11 @@ if TYPE_CHECKING:  # handed in; never imported here at run time
     from .group import WorkerGroup
 
 logger = logging.getLogger(__name__)
+
+
+def wire(spec: Optional[CollectiveSpec]) -> Optional[List[Any]]:
+    """A rank's collective spec as a cell's request carries it (:meth:`CollectiveSpec.to_wire`)."""
+    return None if spec is None else spec.to_wire()
 
 
 class Runner:
@@ -102,7 +108,7 @@ class Runner:
         try:
             partial = len(targets) < self.core.num_workers
             results = self.dispatch(
-                lambda s, fw, co: s.actor.run_cell_packed.remote((source, cell_id, True, base, partial, fw, co)),
+                lambda s, fw, co: s.actor.run_cell_packed.remote([source, cell_id, True, base, partial, fw, wire(co)]),
                 targets, sink, output, shown, quiet_after_s=quiet_after_s, prompt=prompt)
         finally:
             self.core.run_storage.advance(max(self.core.reports_seen(base), 0))
@@ -131,7 +137,7 @@ class Runner:
         try:
             partial = len(targets) < self.core.num_workers
             results = self.dispatch(
-                lambda s, fw, co: s.actor.execute_packed.remote((fn, args, kwargs, base, partial, fw, co)),
+                lambda s, fw, co: s.actor.execute_packed.remote([fn, args, kwargs, base, partial, fw, wire(co)]),
                 targets, sink or TextSink(), output, targets[:1] if output == "rank0" else targets)
         finally:
             self.core.run_storage.advance(max(self.core.reports_seen(base), 0))

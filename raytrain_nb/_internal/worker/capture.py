@@ -8,11 +8,15 @@ Between cells, output goes where it went before (the worker's log file).
 """
 from __future__ import annotations
 
+import array
 import codecs
 import ctypes
+import fcntl
 import io
 import os
+import select
 import sys
+import termios
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -106,6 +110,8 @@ class _FdReader:
         self._read_end = read_end
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.synced = threading.Event()
+        self.lock = threading.Lock()  # held by the reading thread from a read until its bytes are routed
+        self.held = b""  # a tail that may be the start of a marker, routed with the next read
         self._thread = threading.Thread(target=self._loop, name=f"rtnb-fd{fd}", daemon=True)
         self._thread.start()
 
@@ -119,29 +125,46 @@ class _FdReader:
             buf.stream(self.name, self._decoder.decode(data))
 
     def _loop(self) -> None:
-        pending = b""
+        poller = select.poll()
+        poller.register(self._read_end, select.POLLIN)
         while True:
-            try:
-                chunk = os.read(self._read_end, 65536)
-            except OSError:
-                return
-            if not chunk:
-                return
-            pending += chunk
-            while True:
-                idx = pending.find(_MARKER)
-                if idx < 0:
-                    break
-                self._emit(pending[:idx])
-                pending = pending[idx + len(_MARKER) :]
-                self.synced.set()
-            keep = 0  # keep a suffix that may be the start of a marker
-            for k in range(min(len(_MARKER) - 1, len(pending)), 0, -1):
-                if _MARKER.startswith(pending[-k:]):
-                    keep = k
-                    break
-            self._emit(pending[: len(pending) - keep])
-            pending = pending[len(pending) - keep :]
+            poller.poll()  # wait outside the lock: a sync that finds the pipe empty need not wait for this thread
+            with self.lock:  # what is read is routed before the lock is let go (see OutputCapture.sync)
+                try:
+                    chunk = os.read(self._read_end, 65536)
+                except OSError:
+                    return
+                if not chunk:
+                    return
+                self._route(chunk)
+
+    def _route(self, chunk: bytes) -> None:
+        pending = self.held + chunk
+        while True:
+            idx = pending.find(_MARKER)
+            if idx < 0:
+                break
+            self._emit(pending[:idx])
+            pending = pending[idx + len(_MARKER) :]
+            self.synced.set()
+        keep = 0  # keep a suffix that may be the start of a marker
+        for k in range(min(len(_MARKER) - 1, len(pending)), 0, -1):
+            if _MARKER.startswith(pending[-k:]):
+                keep = k
+                break
+        self._emit(pending[: len(pending) - keep])
+        self.held = pending[len(pending) - keep :]
+
+    def idle(self) -> bool:
+        """Whether every byte written to the descriptor so far has been routed (call with :attr:`lock` held)."""
+        if self.held:
+            return False
+        unread = array.array("i", [0])
+        try:
+            fcntl.ioctl(self._read_end, termios.FIONREAD, unread, True)
+        except OSError:
+            return False
+        return unread[0] == 0
 
 
 class OutputCapture:
@@ -171,16 +194,25 @@ class OutputCapture:
             self._libc = None
 
     def sync(self, timeout: float = 1.0) -> None:
-        """Wait until every byte written to fds 1 and 2 so far has been routed."""
+        """Wait until every byte written to fds 1 and 2 so far has been routed.
+
+        A descriptor whose pipe is empty, with nothing read and not yet routed, is done at once (the common case:
+        a cell whose C code wrote nothing); otherwise a marker goes through its pipe and its reader says when it
+        got there, so what was written before is routed first."""
         if self._libc is not None:
             try:
                 self._libc.fflush(None)
             except Exception:
                 pass
+        behind = []
         for reader in self._readers:
-            reader.synced.clear()
+            with reader.lock:
+                if reader.idle():
+                    continue
+                reader.synced.clear()
             os.write(reader.fd, _MARKER)
-        for reader in self._readers:
+            behind.append(reader)
+        for reader in behind:
             reader.synced.wait(timeout)
 
     def start(self, buffer: OutputBuffer) -> None:

@@ -59,6 +59,15 @@ class CollectiveSpec:
     token: int
     coordinator: Any = None
 
+    def to_wire(self) -> List[Any]:
+        """The fields as a list: a cell's request carries it so, and Ray sends it without pickling it."""
+        return [self.round, self.world_size, self.timeout_s, self.token, self.coordinator]
+
+    @classmethod
+    def from_wire(cls, data: Optional[List[Any]]) -> Optional["CollectiveSpec"]:
+        """The spec :meth:`to_wire` sent (None: a rank alone)."""
+        return None if data is None else cls(*data)
+
 
 class _RankState:
     """This process's side: the current call's spec, its collective count, and the outcomes rank 0 sent."""

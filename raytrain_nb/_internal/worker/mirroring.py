@@ -18,7 +18,7 @@ import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import RecoveryError
-from . import sharded_io, sharded_mirror
+from . import shard_watch, sharded_io, sharded_mirror
 from .sharded import ShardedPull, full_state, is_sharded, local_share, mesh_of
 from .snapshot import find_tracked
 
@@ -195,12 +195,20 @@ class MirroringWorker:
         (their optimizers stepped since the last mirror, or none was taken). Free where nothing can be sharded."""
         if "torch.distributed.tensor" not in sys.modules:
             return False
+        key = (shard_watch.steps_taken(), self.__dict__.get("_mirror_version"), self._cells.calls,
+               shard_watch.namespace_shape(self.namespace))
+        memo = self.__dict__.get("_shards_memo")
+        if memo is not None and memo[0][:2] == key[:2] and memo[0][2] + 1 == key[2] and memo[0][3] == key[3]:
+            self.__dict__["_shards_memo"] = (key, memo[1])  # only this cell ran since, and it changed nothing of it
+            return memo[1]
         try:
             tracked = find_tracked(self.namespace, strict=False)
-            return bool(tracked.sharded) and self._stepped_since_mirror(tracked)
+            stepped = bool(tracked.sharded) and self._stepped_since_mirror(tracked)
         except Exception:  # noqa: BLE001 - a look for the driver's sake: it never fails the cell
             logger.debug("could not tell whether this rank's shards changed", exc_info=True)
             return False
+        self.__dict__["_shards_memo"] = (key, stepped)
+        return stepped
 
     def mirror_is_clean(self, point: Optional[Point] = None) -> bool:
         """Whether this rank's sharded models have not trained since its last mirror (taken at ``point``, if given)."""

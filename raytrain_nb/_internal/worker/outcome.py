@@ -65,6 +65,17 @@ class CellOutcome:
     dead: bool = False
     replaced: bool = False
 
+    def to_wire(self) -> List[Any]:
+        """The fields as a list, in declaration order: what Ray sends back from a cell. A list of plain values goes
+        through Ray's msgpack path; only the values that are not plain (a failure, a rendered value, output
+        items) are pickled, where the dataclass would be pickled whole (about a tenth of a millisecond a call)."""
+        return [getattr(self, name) for name in _FIELDS]
+
+    @classmethod
+    def from_wire(cls, data: List[Any]) -> "CellOutcome":
+        """The outcome :meth:`to_wire` sent."""
+        return cls(*data)
+
     @classmethod
     def died(cls, rank: int, failure: RankFailure) -> "CellOutcome":
         """A rank whose worker died or stopped answering."""
@@ -79,3 +90,6 @@ class CellOutcome:
     def own_failure(self) -> bool:
         """It raised an error of its own (not only released from a collective by a peer's)."""
         return self.failure is not None and not self.failure.collateral
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(CellOutcome))
