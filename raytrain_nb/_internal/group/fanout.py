@@ -146,13 +146,12 @@ def collect(refs: Sequence[Any], deadline_s: float, what: str, slots: Any = (), 
     named by its position only). ``on_death``: called once, with the positions still unanswered, as soon as one
     call's worker died (a collective step: the others are released rather than left waiting for the dead peer
     until the deadline)."""
-    import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
-
     refs = list(refs)
     known = list(slots) if len(slots) == len(refs) else []
     answers: Dict[Any, Tuple[bool, Any]] = {}  # ref -> (ok, value or exception): each answer fetched once
     if on_death is None:
         ready, _ = wait_within(refs, deadline_s, what, logger)
+        answers.update(fetch_all(ready))
     else:
         ready = _wait_releasing(refs, deadline_s, what, on_death, answers)
     done = set(ready)
@@ -161,7 +160,7 @@ def collect(refs: Sequence[Any], deadline_s: float, what: str, slots: Any = (), 
         if ref not in done:
             replies.append(Reply(i, ReplyKind.LATE))
             continue
-        ok, value = answers[ref] if ref in answers else _fetch(ref)
+        ok, value = answers[ref]
         if ok:
             replies.append(Reply(i, ReplyKind.OK, value))
         else:
@@ -170,14 +169,25 @@ def collect(refs: Sequence[Any], deadline_s: float, what: str, slots: Any = (), 
     return Replies(replies, what, deadline_s).check(hint=hint)
 
 
-def _fetch(ref: Any) -> Tuple[bool, Any]:
-    """A ready call's answer: ``(True, value)``, or ``(False, the exception)`` to be typed."""
+def fetch_all(ready: Sequence[Any]) -> Dict[Any, Tuple[bool, Any]]:
+    """Ready calls' answers, ref -> ``(True, value)`` or ``(False, the exception)`` to be typed: in one fetch
+    while none of them failed (one call, not one per rank), else ref by ref."""
     import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
+    ready = list(ready)
+    if not ready:
+        return {}
     try:
-        return True, ray.get(ref, timeout=FETCH_S)  # ready: only fetched
-    except Exception as exc:  # noqa: BLE001 - typed by the caller
-        return False, exc
+        return {ref: (True, value) for ref, value in zip(ready, ray.get(ready, timeout=FETCH_S))}  # ready: a fetch
+    except Exception:  # noqa: BLE001 - which one failed, and how, is sorted out ref by ref
+        pass
+    out: Dict[Any, Tuple[bool, Any]] = {}
+    for ref in ready:
+        try:
+            out[ref] = (True, ray.get(ref, timeout=FETCH_S))
+        except Exception as exc:  # noqa: BLE001 - typed by the caller
+            out[ref] = (False, exc)
+    return out
 
 
 def _wait_releasing(refs: List[Any], deadline_s: float, what: str, on_death: Callable[[List[int]], None],
@@ -196,9 +206,13 @@ def _wait_releasing(refs: List[Any], deadline_s: float, what: str, on_death: Cal
             done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, end - time.monotonic()))
             if not done:
                 return False
-            answers[done[0]] = _fetch(done[0])
-            ok, value = answers[done[0]]
-            if not released and pending and not ok and classify(value, 0, None)[0] is ReplyKind.DIED:
+            if pending:  # and every other answer already in: fetched together
+                more, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
+                done += more
+            fetched = fetch_all(done)
+            answers.update(fetched)
+            died = any(not ok and classify(value, 0, None)[0] is ReplyKind.DIED for ok, value in fetched.values())
+            if not released and pending and died:
                 released = True
                 waiting = set(pending)
                 on_death([i for i, ref in enumerate(refs) if ref in waiting])
@@ -230,8 +244,6 @@ class Fanout:
             One :class:`Reply` per slot, in order. A slot already marked dead or unresponsive is not asked:
             it comes back ``died`` / ``unresponsive`` at once.
         """
-        import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
-
         labels = list(ranks) if ranks is not None else list(range(len(slots)))
         out: List[Optional[Reply]] = [None] * len(slots)
         refs: Dict[Any, int] = {}
@@ -248,23 +260,16 @@ class Fanout:
                 out[i] = Reply(labels[i], kind, error=err)
         if refs:
             ready, _ = wait_within(list(refs), deadline_s, what, self.log)
-            done = set(ready)
-            fetched: Dict[Any, Any] = {}
-            try:  # every ready answer in one fetch (one call, not one per rank) while none of them failed
-                fetched = dict(zip(ready, ray.get(ready, timeout=FETCH_S)))
-            except Exception:  # noqa: BLE001 - which one failed, and how, is sorted out rank by rank below
-                pass
+            fetched = fetch_all(ready)
             for ref, i in refs.items():
-                if ref not in done:
+                if ref not in fetched:
                     out[i] = Reply(labels[i], ReplyKind.LATE)
                     continue
-                if ref in fetched:
-                    out[i] = Reply(labels[i], ReplyKind.OK, fetched[ref])
-                    continue
-                try:
-                    out[i] = Reply(labels[i], ReplyKind.OK, ray.get(ref, timeout=FETCH_S))  # ready: only fetched
-                except Exception as exc:  # noqa: BLE001 - typed below
-                    kind, err = classify(exc, labels[i], slots[i])
+                ok, value = fetched[ref]
+                if ok:
+                    out[i] = Reply(labels[i], ReplyKind.OK, value)
+                else:
+                    kind, err = classify(value, labels[i], slots[i])
                     out[i] = Reply(labels[i], kind, error=err)
         return Replies([r for r in out if r is not None], what, deadline_s)
 
