@@ -189,3 +189,32 @@ def test_reload_picks_up_an_edited_module(ray_session, tmp_path, monkeypatch):
         g.shutdown()
     with pytest.raises(GroupError, match="this group was shut down"):
         g.run("1")
+
+
+def test_shutdown_kills_ranks_without_taking_it_for_a_failure(ray_session, caplog):
+    """A shutdown ends every rank's process (its process group with it) and no rank is reported dead on the way:
+    the health monitor's check under way ends before the kills."""
+    import psutil
+
+    from ..waiting import wait_for
+
+    g = WorkerGroup(2, activate=False, heartbeat_timeout_s=60)
+    try:
+        sink = CollectSink()
+        g.run("import torch.distributed as dist\ndist.barrier()", sink=sink)  # the process group is up
+        pids = [s.info["pid"] for s in g.slots]
+        states = []
+        g.subscribe(lambda old, new: states.append(new.value))
+    finally:
+        with caplog.at_level("WARNING", logger="raytrain_nb"):
+            g.shutdown()
+    assert states == ["shut down"], states
+    assert not [r.getMessage() for r in caplog.records if "died" in r.getMessage()]
+
+    def running(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    wait_for(lambda: not any(running(p) for p in pids), 30, f"the ranks' processes {pids} to end")

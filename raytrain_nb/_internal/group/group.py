@@ -34,7 +34,7 @@ from .retiring import teardown
 from .snapshots import RollbackResult, checkpoint, load, rollback, wait_background
 from .state import GroupState
 from .survival import Survival, detach
-from .timing import DEFAULT_HEARTBEAT_TIMEOUT_S
+from .timing import CONTROL_CALL_S, DEFAULT_HEARTBEAT_TIMEOUT_S
 from .types import WorkerStatus
 from .whereabouts import Whereabouts, where
 
@@ -386,7 +386,7 @@ class WorkerGroup:
         if self._core.taken_by:
             raise GroupError(self._core.taken_by)
         if self._monitor is not None:
-            self._monitor.stop()
+            self._monitor.stop(wait_s=CONTROL_CALL_S)  # its check under way ends first: the kills are no failure
         teardown(self._core)
         if self._survival is not None:
             self._survival.end("shut down by its driver")

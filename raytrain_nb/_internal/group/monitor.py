@@ -61,8 +61,15 @@ class HealthMonitor:
         self._thread = threading.Thread(target=self._loop, name="rtnb-monitor", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float = 0.0) -> None:
+        """Stop checking. With ``wait_s``, wait up to that long for a check under way to end, so that nothing is
+        marked dead after this returns (a shutdown then kills the workers)."""
         self._stop.set()
+        if wait_s > 0 and self._thread is not threading.current_thread():
+            self._thread.join(wait_s)
+            if self._thread.is_alive():
+                logger.warning("the health monitor's check did not end within %.0f s; shutting down all the same",
+                               wait_s)
 
     def silent_for(self, actor: Any) -> float:
         """Seconds since ``actor`` last answered a heartbeat."""

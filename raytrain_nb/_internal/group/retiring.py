@@ -5,10 +5,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Sequence
 
-from .fanout import FANOUT
 from .placement import await_recorded_deaths
 from .state import SlotState
-from .timing import CONTROL_CALL_S
 
 if TYPE_CHECKING:  # the core is handed in; never imported here at run time
     from .core import GroupCore
@@ -45,9 +43,9 @@ def teardown(core: "GroupCore") -> None:
     # ray: loaded when a group or trainer runs, not on import raytrain_nb
     from ray.util.placement_group import remove_placement_group
 
-    live = [s for s in core.slots if s.state != SlotState.DEAD]
-    FANOUT.ask(live, lambda s: s.actor.shutdown_backend.remote(), CONTROL_CALL_S,
-               "every rank to close its process group")  # one that does not answer is killed all the same
+    # Killing a process ends its process group with it: nothing is asked of the ranks first (closing each one's
+    # process group cost a gloo teardown a rank, ~4 ms at 8 ranks, on the way out). The group's health monitor is
+    # stopped before this, so no death here is taken for a failure.
     for s in core.slots.everyone():
         try:
             ray.kill(s.actor, no_restart=True)

@@ -76,7 +76,6 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWor
         self.pg = process_group_state()
         self.session: Optional[WorkerSession] = None
         self.rank = -1
-        self._watch_stop = threading.Event()
         self._preloaded = threading.Event()
         self.preload_s = 0.0
         self._init_checkpointing()
@@ -296,21 +295,15 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWor
         check_pull(name, self.namespace[name])  # a sharded model: the driver gathers it (below a size) or refuses
         return to_cpu(self.namespace[name])
 
-    def shutdown_backend(self) -> None:
-        self._watch_stop.set()
-        try:
-            self.pg.destroy()
-        except Exception as exc:
-            logger.debug("shutdown: %s", exc)
-
     # -- control channel (answered while a cell runs) -------------------------------------
 
     def ping(self) -> int:
         return os.getpid()
 
     def watch(self) -> None:
-        """Returns only at shutdown: the driver notices this worker's death by this call failing."""
-        self._watch_stop.wait()
+        """Never returns while this process lives (a shutdown kills it): the driver notices this worker's death by
+        this call failing."""
+        threading.Event().wait()
 
     def poll(self) -> Dict[str, Any]:
         """Output and metrics produced since the last poll."""
