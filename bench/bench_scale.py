@@ -7,10 +7,11 @@ the driver, a snapshot and a rollback of a small model, ``pull(rank=None)`` (``%
 (``%dist_where``), an interrupt of a running background cell, a restart of one killed rank, a rescale
 N -> N/2 -> N, and the shutdown. Beside each, its floor in the same run: the same fan-out as bare calls to the N
 actors (``Worker.ping`` on the group's own actors for the calls that only ask; bare torch actors that each save,
-load or return the same model bytes for snapshot, rollback and pull; N bare torch actors started and pinged for
-the start; a bare ``init_process_group`` at N for the restart; for the rescale one at N/2, N/2 bare actors started
-and one at N; for the interrupt the ping and one at N, since an interrupted cell forms the process group again;
-``ray.kill`` of N bare actors for the shutdown).
+load or return the same model bytes for snapshot, rollback and pull; N bare torch actors started (each building the
+model and optimizer ``SETUP`` makes), pinged and formed into a process group for the start; a bare
+``init_process_group`` at N for the restart; for the rescale one at N/2, N/2 bare actors started and one at N; for
+the interrupt the ping and one at N, since an interrupted cell forms the process group again; ``ray.kill`` of N bare
+actors for the shutdown).
 
 21a-k. Each operation's fitted slope over N (least squares of the medians), ours over the floor's. Target < 1.5x
        (the floor's slope is taken as at least 0.05 ms a rank, so a flat floor does not divide by noise).
@@ -60,7 +61,8 @@ MIN_FLOOR_SLOPE = 0.05e-3
 
 
 class BareRank:
-    """A bare torch actor: the floor of what each rank of ours does (imports torch, saves, loads, forms)."""
+    """A bare torch actor: the floor of what each rank of ours does (imports torch, holds the model and optimizer
+    ``SETUP`` makes, saves, loads, forms)."""
 
     def __init__(self) -> None:
         import torch
@@ -68,6 +70,9 @@ class BareRank:
         torch.set_num_threads(1)
         torch.manual_seed(0)
         self.model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+        # the optimizer SETUP makes: a process's first one imports torch._dynamo (~0.9 s of CPU here), which every
+        # rank of ours pays at its start; without it the start's floor left out half a second a rank
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
         self.dir = tempfile.mkdtemp(prefix="bare-rank-")
 
     def ping(self) -> int:
@@ -138,7 +143,9 @@ def _bare_floors(n: int, cpus: float, reps: Dict[str, int]) -> Dict[str, float]:
         port = free_port()
         ray.get([a.form.remote(port, r, world) for r, a in enumerate(actors[:world])], timeout=300)
 
+    t0 = time.perf_counter()
     form(n)  # gloo's first use in each process is paid once, as our group paid it at its start
+    out["start"] += time.perf_counter() - t0  # a group's start forms its process group: so does its floor's
     out["restart"] = _median(lambda: form(n), 2)
     if n >= 2:  # a rescale N -> N/2 -> N: a process group at N/2, N/2 new actors started, a process group at N
         half = _median(lambda: form(max(1, n // 2)), 2)
