@@ -172,7 +172,7 @@ def set_rng_state(state: Dict[str, Any]) -> None:
                              int(s["has_gauss"]), float(s["gauss"])))
     p = state["python"]
     gauss = float(p["gauss"])
-    random.setstate((int(p["version"]), tuple(int(x) for x in p["internal"].tolist()),
+    random.setstate((int(p["version"]), tuple(p["internal"].tolist()),
                      None if math.isnan(gauss) else gauss))
 
 
