@@ -6,7 +6,7 @@ size: the group's start, a no-op cell with the dashboard shown, a cell printing 
 the driver, a snapshot and a rollback of a small model, ``pull(rank=None)`` (``%dist_pull --all``), ``where()``
 (``%dist_where``), an interrupt of a running background cell, a restart of one killed rank, a rescale
 N -> N/2 -> N, and the shutdown. Beside each, its floor in the same run: the same fan-out as bare calls to the N
-actors (``Worker.ping`` on the group's own actors for the calls that only ask; bare torch actors that each save,
+actors (``Worker.ping`` on the group's own actors for the calls that only ask, called in turn with them; bare torch actors that each save,
 load or return the same model bytes for snapshot, rollback and pull; N bare torch actors started (each building the
 model and optimizer ``SETUP`` makes), pinged and formed into a process group for the start; a bare
 ``init_process_group`` at N for the restart; for the rescale one at N/2, N/2 bare actors started and one at N; for
@@ -33,7 +33,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 if BENCH_DIR not in sys.path:
@@ -43,7 +43,7 @@ from common import RESULTS_DIR, Figure, loadavg, section, single_thread  # noqa:
 
 SIZES = (1, 2, 4, 8, 16)
 TOTAL_CPUS = 4.0
-REPS = {"noop": 7, "print": 5, "report": 5, "where": 3, "snapshot": 2, "rollback": 2, "pull": 3}
+REPS = {"noop": 31, "print": 15, "report": 15, "where": 7, "snapshot": 2, "rollback": 2, "pull": 3}
 SETUP = """
 import torch, raytrain_nb as train
 torch.manual_seed(0)
@@ -112,6 +112,21 @@ def _median(fn: Callable[[], Any], reps: int) -> float:
         fn()
         out.append(time.perf_counter() - t0)
     return statistics.median(out)
+
+
+def _paired(floor: Callable[[], Any], ours: Callable[[], Any], reps: int) -> Tuple[float, float]:
+    """The median seconds of ``floor`` and of ``ours``, called in turn (A B A B ...) ``reps`` times each after one
+    untimed call of each: the machine's drift from second to second hits both alike."""
+    floor()
+    ours()
+    a: List[float] = []
+    b: List[float] = []
+    for _ in range(reps):
+        for fn, out in ((floor, a), (ours, b)):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+    return statistics.median(a), statistics.median(b)
 
 
 def _slope(ns: Sequence[int], ys: Sequence[float]) -> float:
@@ -186,18 +201,16 @@ def _measure(n: int, layout: str, reps: Dict[str, int]) -> Dict[str, Dict[str, f
     def ping() -> None:
         ray.get([s.actor.ping.remote() for s in g.slots], timeout=60)
 
-    ping()
-    floor_ping = _median(ping, max(reps.values()))
     dash = dashboard_for(g)
     try:
-        res["noop"]["ours"] = _median(lambda: g.run("pass", sink=sink), reps["noop"])
-        res["print"]["ours"] = _median(lambda: g.run("print(f'rank {rank} says hello')", output="all", sink=sink),
-                                       reps["print"])
-        res["report"]["ours"] = _median(lambda: g.run("train.report({'loss': 1.0})", sink=sink), reps["report"])
+        calls = {"noop": lambda: g.run("pass", sink=sink),
+                 "print": lambda: g.run("print(f'rank {rank} says hello')", output="all", sink=sink),
+                 "report": lambda: g.run("train.report({'loss': 1.0})", sink=sink), "where": g.where}
+        for op, call in calls.items():  # each beside its floor, interleaved
+            res[op]["floor"], res[op]["ours"] = _paired(ping, call, reps[op])
         res["snapshot"]["ours"] = _median(lambda: g.checkpoint(), reps["snapshot"])
         res["rollback"]["ours"] = _median(lambda: g.rollback(), reps["rollback"])
         res["pull"]["ours"] = _median(lambda: g.pull("model", rank=None), reps["pull"])
-        res["where"]["ours"] = _median(lambda: g.where(), reps["where"])
         bg = g.run("import time\nwhile True:\n    time.sleep(0.005)", background=True, sink=sink)
         time.sleep(1.0)
         t0 = time.perf_counter()
@@ -225,19 +238,15 @@ def _measure(n: int, layout: str, reps: Dict[str, int]) -> Dict[str, Dict[str, f
                 print(f"  N={n}: restart or rescale FAILED: {type(exc).__name__}: {str(exc).splitlines()[0]}",
                       flush=True)
                 res["errors"] = {"recovery": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}
-        ping()
-        floor_ping = min(floor_ping, _median(ping, max(reps.values())))
     finally:
         dash.close()
         t0 = time.perf_counter()
         g.shutdown()
         res["shutdown"]["ours"] = time.perf_counter() - t0
-    for op in ("noop", "print", "report", "where"):
-        res[op]["floor"] = floor_ping
     for op, value in _bare_floors(n, cpus, reps).items():
         res[op]["floor"] = value
     # an interrupted cell ends with the process group formed again (a rank may have been stopped in a collective)
-    res["interrupt"]["floor"] = floor_ping + res["restart"]["floor"]
+    res["interrupt"]["floor"] = res["noop"]["floor"] + res["restart"]["floor"]
     return res
 
 
