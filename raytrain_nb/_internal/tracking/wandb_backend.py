@@ -70,11 +70,12 @@ class WandbBackend:
                                   "id": self._id, "resume": "allow", "reinit": "create_new",
                                   "dir": _local_dir(run_url), "settings": wandb.Settings(console="off", silent=True)}
         kwargs.update(self.init_kwargs)
+        if self.notes:  # in the run's first record: an update sent after init may not be written before a quick
+            # finish (an offline segment that ended 0.1 s after it began was seen without them)
+            kwargs["notes"] = "\n".join(self.notes)
+            kwargs["tags"] = tuple(dict.fromkeys(tuple(kwargs.get("tags") or ()) + tuple(self.kinds)))
         self.run = wandb.init(**kwargs)
         self.run_id = self.run.id
-        if self.notes:
-            self.run.notes = "\n".join(self.notes)
-            self.run.tags = tuple(dict.fromkeys(tuple(self.run.tags or ()) + tuple(self.kinds)))
 
     def state_entry(self) -> Dict[str, Any]:
         return {"run_id": self.run_id, "notes": list(self.notes), "kinds": list(self.kinds)}
