@@ -108,3 +108,50 @@ def test_an_older_snapshot_with_vars_inside_the_weights_loads(tmp_path):
     staged = _hand_written(tmp_path, replicated)
     out = snapshot_io.load(ns, staged.final_url, 0)
     assert ns["lr"] == 0.5 and sorted(out["restored"]) == ["lr", "model"]
+
+
+def test_a_snapshot_without_vars_has_no_vars_file_and_rolls_back(tmp_path):
+    ns = namespace()
+    staged = write_snapshot(str(tmp_path), "snap", ns, [])
+    files = sorted(p.name for p in (tmp_path / "snap").iterdir())
+    assert snapshot_io.VARS not in files and snapshot_io.REPLICATED in files
+    with torch.no_grad():
+        ns["model"].weight.zero_()
+    out = snapshot_io.load(ns, staged.final_url, 0)
+    assert ns["model"].weight.abs().sum() > 0 and sorted(out["restored"]) == ["model", "opt"]
+
+
+def test_rng_state_round_trips_in_both_forms():
+    """The RNG state holds its scalars as numbers (fewer tensors to load); snapshots written before held 0-d tensors:
+    both restore every generator."""
+    import random
+
+    np = pytest.importorskip("numpy")
+
+    def draws():
+        return torch.rand(3).tolist(), np.random.rand(3).tolist(), [random.random() for _ in range(3)]
+
+    random.gauss(0, 1)  # a cached gauss value in the python state
+    saved = snapshot.rng_state()
+    assert not isinstance(saved["python"]["gauss"], torch.Tensor) and isinstance(saved["numpy"]["pos"], int)
+    expected = draws()
+    snapshot.set_rng_state(saved)
+    assert draws() == expected
+    older = {**saved, "numpy": {k: torch.tensor(v) if not isinstance(v, torch.Tensor) else v
+                                for k, v in saved["numpy"].items()},
+             "python": {k: torch.tensor(v) if not isinstance(v, torch.Tensor) else v
+                        for k, v in saved["python"].items()}}
+    snapshot.set_rng_state(older)
+    assert draws() == expected
+    staged = torch.load(_save_to_bytes(saved), weights_only=True)  # numbers load weights-only
+    snapshot.set_rng_state(staged)
+    assert draws() == expected
+
+
+def _save_to_bytes(obj):
+    import io
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return buf

@@ -59,9 +59,10 @@ def checkpoint(core: "GroupCore", name: Optional[str], var_names: Sequence[str],
             _at_step_boundary(core, staged, var_names, timeout_s)
         else:
             core.check_usable()
-            core.collect([a.snapshot.remote(staged, list(var_names), not blocking) for a in actors],
-                         timing.SNAPSHOT_WRITE_S, "snapshot", collective=True)
-            core.mirrors.refresh_safely(core)  # between cells: a sharded group's shards to the buddies too
+            replies = core.collect([a.snapshot.remote(staged, list(var_names), not blocking) for a in actors],
+                                   timing.SNAPSHOT_WRITE_S, "snapshot", collective=True)
+            if core.mirrors.sharded or any(r.get("sharded") for r in replies):  # a DDP group has no shards to mirror
+                core.mirrors.refresh_safely(core)  # between cells: a sharded group's shards to the buddies too
             if not blocking:
                 waits = [a.snapshot_wait.remote(timing.BACKGROUND_WRITE_S) for a in actors]
                 thread = threading.Thread(target=_finish_background, args=(core, staged, waits),

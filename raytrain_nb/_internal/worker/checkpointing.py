@@ -14,7 +14,7 @@ from ..errors import CheckpointError
 from . import snapshot_io
 from . import upload_plan as uploads_plan
 from .copy_pool import CopyPool
-from .snapshot import check_capturable, tensors_of
+from .snapshot import check_capturable, find_tracked, tensors_of
 from .report_api import ReportOptions
 from .session import get_context
 from .uploads import UploadQueue
@@ -112,13 +112,14 @@ class CheckpointingWorker:
         with self._snap_lock:
             self._snap_future = fut
         self._cells.submit(self._take_in_background, staged, tuple(var_names), fut)
-        return {"rank": self.rank}
+        return {"rank": self.rank, "sharded": bool(find_tracked(self.namespace, strict=False).sharded)}
 
     def _snapshot(self, staged: StagedDir, var_names: Sequence[str]) -> Dict[str, Any]:
         world = self.session.context.world_size if self.session is not None else 1
         # Between cells nothing changes the state before it is written: no copy
-        snapshot_io.write(snapshot_io.take(self.namespace, self.rank, world, var_names, copy=False), staged)
-        return {"rank": self.rank}
+        taken = snapshot_io.take(self.namespace, self.rank, world, var_names, copy=False)
+        snapshot_io.write(taken, staged)
+        return {"rank": self.rank, "sharded": bool(taken["sharded"])}
 
     def _take_in_background(self, staged: StagedDir, var_names: Sequence[str],
                             fut: "concurrent.futures.Future[Dict[str, Any]]") -> None:

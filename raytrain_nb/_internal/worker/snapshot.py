@@ -147,13 +147,15 @@ def rng_state() -> Dict[str, Any]:
         import numpy as np  # numpy: optional or heavy, loaded on first use
 
         kind, keys, pos, has_gauss, gauss = np.random.get_state()
-        state["numpy"] = {"keys": torch.from_numpy(keys.astype("int64")), "pos": torch.tensor(pos),
-                          "has_gauss": torch.tensor(has_gauss), "gauss": torch.tensor(gauss)}
+        state["numpy"] = {"keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos),
+                          "has_gauss": int(has_gauss), "gauss": float(gauss)}
     except ImportError:
         pass
     version, internal, gauss = random.getstate()
-    state["python"] = {"version": torch.tensor(version), "internal": torch.tensor(internal, dtype=torch.int64),
-                       "gauss": torch.tensor(float("nan") if gauss is None else gauss)}
+    # the scalars as plain numbers (weights-only loads take them; every tensor costs a load ~0.1 ms), the arrays as
+    # tensors; set_rng_state reads either form (snapshots written before hold 0-d tensors)
+    state["python"] = {"version": int(version), "internal": torch.tensor(internal, dtype=torch.int64),
+                       "gauss": float("nan") if gauss is None else float(gauss)}
     return state
 
 

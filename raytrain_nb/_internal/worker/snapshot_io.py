@@ -3,8 +3,8 @@
 Snapshot layout (one committed directory)::
 
     replicated.pt      models, optimizers, schedulers, grad scalers (written by rank 0)
-    vars.pt            the plain variables of --vars (rank 0)
-    rank-<r>.pt        RNG states of rank r (written by each rank)
+    vars.pt            the plain variables of --vars (rank 0; absent when none were named)
+    rank-<r>.pt        RNG states of rank r (written by each rank; arrays as tensors, scalars as numbers)
     snapshot.json      world size, variable names, fingerprints of plain variables, the sharded part (rank 0)
     sharded/           sharded (FSDP2) models and their optimizers: one DCP checkpoint, each rank's own shards
                        in __<r>_0.distcp, DCP's .metadata (read with a restricted unpickler, :mod:`.dcp_safe`)
@@ -63,7 +63,8 @@ def write(taken: Dict[str, Any], staged: StagedDir) -> None:
     rank = taken["rank"]
     if taken["replicated"] is not None:
         _save(taken["replicated"], staged, REPLICATED)
-        _save(taken["variables"], staged, VARS)
+        if taken["variables"]:  # none named: no file (a rollback then loads two files a rank, not three)
+            _save(taken["variables"], staged, VARS)
         meta = {"world_size": taken["world_size"], "vars": taken["vars"], "fingerprint": taken["fingerprint"]}
         if taken.get("sharded"):
             meta["sharded"] = taken["sharded"]["record"]
