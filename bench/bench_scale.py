@@ -6,11 +6,12 @@ size: the group's start, a no-op cell with the dashboard shown, a cell printing 
 the driver, a snapshot and a rollback of a small model, ``pull(rank=None)`` (``%dist_pull --all``), ``where()``
 (``%dist_where``), an interrupt of a running background cell, a restart of one killed rank, a rescale
 N -> N/2 -> N, and the shutdown. Beside each, its floor in the same run: the same fan-out as bare calls to the N
-actors (``Worker.ping`` on the group's own actors for the calls that only ask, called in turn with them; bare torch actors that each save,
-load or return the same model bytes for snapshot, rollback and pull; N bare torch actors started (each building the
-model and optimizer ``SETUP`` makes), pinged and formed into a process group for the start; a bare
-``init_process_group`` at N for the restart; for the rescale one at N/2, N/2 bare actors started and one at N; for
-the interrupt the ping and one at N, since an interrupted cell forms the process group again; ``ray.kill`` of N bare
+actors (``Worker.ping`` on the group's own actors for the calls that only ask, called in turn with them; bare torch
+actors beside the group (no CPUs of their own), called in turn with ours, that each save, load or return the same
+model bytes for snapshot, rollback and pull; N bare torch actors started (each building the model and optimizer
+``SETUP`` makes), pinged and formed into a process group for the start; a bare ``init_process_group`` at N for the
+restart; for the rescale one at N/2, N/2 bare actors started and one at N; for the interrupt the ping and one at N,
+since an interrupted cell forms the process group again; ``ray.kill`` of N bare
 actors for the shutdown).
 
 21a-k. Each operation's fitted slope over N (least squares of the medians), ours over the floor's. Target < 1.5x
@@ -43,7 +44,7 @@ from common import RESULTS_DIR, Figure, loadavg, section, single_thread  # noqa:
 
 SIZES = (1, 2, 4, 8, 16)
 TOTAL_CPUS = 4.0
-REPS = {"noop": 31, "print": 15, "report": 15, "where": 7, "snapshot": 2, "rollback": 2, "pull": 3}
+REPS = {"noop": 31, "print": 15, "report": 15, "where": 7, "snapshot": 5, "rollback": 5, "pull": 5}
 SETUP = """
 import torch, raytrain_nb as train
 torch.manual_seed(0)
@@ -138,8 +139,8 @@ def _slope(ns: Sequence[int], ys: Sequence[float]) -> float:
     return sum((n - mn) * (y - my) for n, y in zip(ns, ys)) / den if den else float("nan")
 
 
-def _bare_floors(n: int, cpus: float, reps: Dict[str, int]) -> Dict[str, float]:
-    """The floors that need bare actors: start, pull, snapshot, rollback, restart, rescale, shutdown."""
+def _bare_floors(n: int, cpus: float) -> Dict[str, float]:
+    """The floors that need bare actors of their own, after the group is gone: start, restart, rescale, shutdown."""
     import ray
 
     from common import free_port
@@ -150,9 +151,6 @@ def _bare_floors(n: int, cpus: float, reps: Dict[str, int]) -> Dict[str, float]:
     actors = [Bare.options(scheduling_strategy="SPREAD").remote() for _ in range(n)]
     ray.get([a.ping.remote() for a in actors], timeout=600)
     out["start"] = time.perf_counter() - t0
-    out["pull"] = _median(lambda: ray.get([a.blob.remote() for a in actors], timeout=120), reps["pull"])
-    out["snapshot"] = _median(lambda: ray.get([a.save.remote() for a in actors], timeout=120), reps["snapshot"])
-    out["rollback"] = _median(lambda: ray.get([a.load.remote() for a in actors], timeout=120), reps["rollback"])
 
     def form(world: int) -> None:
         port = free_port()
@@ -208,9 +206,21 @@ def _measure(n: int, layout: str, reps: Dict[str, int]) -> Dict[str, Dict[str, f
                  "report": lambda: g.run("train.report({'loss': 1.0})", sink=sink), "where": g.where}
         for op, call in calls.items():  # each beside its floor, interleaved
             res[op]["floor"], res[op]["ours"] = _paired(ping, call, reps[op])
-        res["snapshot"]["ours"] = _median(lambda: g.checkpoint(), reps["snapshot"])
-        res["rollback"]["ours"] = _median(lambda: g.rollback(), reps["rollback"])
-        res["pull"]["ours"] = _median(lambda: g.pull("model", rank=None), reps["pull"])
+        # their floors: bare actors beside the group (no CPUs of their own: the group holds them all at 16), called
+        # in turn with ours, as the cells are, so a second of load hits both alike
+        beside = ray.remote(num_cpus=0)(BareRank)
+        bare = [beside.options(scheduling_strategy="SPREAD").remote() for _ in range(n)]
+        try:
+            ray.get([a.ping.remote() for a in bare], timeout=600)
+            for op, floor, ours in (
+                    ("snapshot", lambda: ray.get([a.save.remote() for a in bare], timeout=120), g.checkpoint),
+                    ("rollback", lambda: ray.get([a.load.remote() for a in bare], timeout=120), g.rollback),
+                    ("pull", lambda: ray.get([a.blob.remote() for a in bare], timeout=120),
+                     lambda: g.pull("model", rank=None))):
+                res[op]["floor"], res[op]["ours"] = _paired(floor, ours, reps[op])
+        finally:
+            for a in bare:
+                ray.kill(a)
         bg = g.run("import time\nwhile True:\n    time.sleep(0.005)", background=True, sink=sink)
         time.sleep(1.0)
         t0 = time.perf_counter()
@@ -243,7 +253,7 @@ def _measure(n: int, layout: str, reps: Dict[str, int]) -> Dict[str, Dict[str, f
         t0 = time.perf_counter()
         g.shutdown()
         res["shutdown"]["ours"] = time.perf_counter() - t0
-    for op, value in _bare_floors(n, cpus, reps).items():
+    for op, value in _bare_floors(n, cpus).items():
         res[op]["floor"] = value
     # an interrupted cell ends with the process group formed again (a rank may have been stopped in a collective)
     res["interrupt"]["floor"] = res["noop"]["floor"] + res["restart"]["floor"]

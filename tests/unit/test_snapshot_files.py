@@ -155,3 +155,19 @@ def _save_to_bytes(obj):
     torch.save(obj, buf)
     buf.seek(0)
     return buf
+
+
+def test_a_rank_given_the_checked_files_does_not_list_the_directory_again(tmp_path, monkeypatch):
+    ns = namespace()
+    staged = write_snapshot(str(tmp_path), "snap", ns, ["lr"])
+    files = snapshot_io.state_files(staged.final_url)  # what the driver checks once
+
+    def listed(url):
+        raise AssertionError(f"{url} listed again on a rank")
+
+    monkeypatch.setattr(snapshot_io, "state_files", listed)
+    ns["lr"] = 5.0
+    out = snapshot_io.load(ns, staged.final_url, 0, files=files)
+    assert ns["lr"] == 0.1 and sorted(out["restored"]) == ["lr", "model", "opt"]
+    with pytest.raises(AssertionError, match="listed again"):
+        snapshot_io.load(ns, staged.final_url, 0)

@@ -166,7 +166,8 @@ def rollback(core: "GroupCore", name_or_index: Union[str, int], run: Optional[st
     if entry.kind != "snapshot":
         raise CheckpointError(f"{entry.name} is a reported checkpoint (your own files): load it in a cell with "
                               "raytrain_nb.get_checkpoint() or Checkpoint; rollback takes snapshots")
-    results = core.collect([s.actor.rollback.remote(entry.path, allow_pickle) for s in core.slots],
+    files = state_files(entry.path)  # once here, not on every rank: a committed directory does not change
+    results = core.collect([s.actor.rollback.remote(entry.path, allow_pickle, files) for s in core.slots],
                            timing.SNAPSHOT_WRITE_S, "roll back", collective=True)
     changed = sorted({n for r in results for n in r["changed"]})
     if core.mirrors.sharded:  # the buddies keep the rolled-back shards
@@ -179,9 +180,9 @@ def load(core: "GroupCore", source: Any, allow_pickle: bool) -> RollbackResult:
     """Load a state checkpoint into every rank's same named objects (see :meth:`WorkerGroup.load`)."""
     core.check_usable()
     url = as_checkpoint(source, "group.load").url
-    state_files(url)  # on the driver first: a wrong directory fails once, before any rank loads
+    files = state_files(url)  # on the driver, once: a wrong directory fails before any rank loads
     wait_background(core)
-    results = core.collect([s.actor.load_state.remote(url, allow_pickle) for s in core.slots],
+    results = core.collect([s.actor.load_state.remote(url, allow_pickle, files) for s in core.slots],
                            timing.SNAPSHOT_WRITE_S, "load a checkpoint into", collective=True)
     changed = sorted({n for r in results for n in r["changed"]})
     if core.mirrors.sharded:  # the buddies keep the loaded shards

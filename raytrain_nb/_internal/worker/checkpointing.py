@@ -187,9 +187,9 @@ class CheckpointingWorker:
         except concurrent.futures.TimeoutError:
             return {"rank": self.rank, "timeout": True}
 
-    def rollback(self, url: str, allow_pickle: bool = False) -> Dict[str, Any]:
-        """Load a snapshot into this rank's namespace, in place."""
-        return self._cells.call(snapshot_io.load, self.namespace, url, self.rank, allow_pickle)
+    def rollback(self, url: str, allow_pickle: bool = False, files: Optional[Dict[str, int]] = None) -> Dict[str, Any]:
+        """Load a snapshot into this rank's namespace, in place (``files``: its files as the driver checked them)."""
+        return self._cells.call(snapshot_io.load, self.namespace, url, self.rank, allow_pickle, "roll back", files)
 
 
 def read_storage_marker(url: str, token: str) -> None:

@@ -128,7 +128,7 @@ def write_state(url: str, replicated: Dict[str, Any], world_size: int) -> None:
 
 
 def load(namespace: Dict[str, Any], url: str, rank: int, allow_pickle: bool = False,
-         action: str = "roll back") -> Dict[str, Any]:
+         action: str = "roll back", files: Optional[Dict[str, int]] = None) -> Dict[str, Any]:
     """Roll this rank's namespace back to the snapshot at ``url`` (or load a ``save_state``
     checkpoint into it), in place.
 
@@ -138,6 +138,8 @@ def load(namespace: Dict[str, Any], url: str, rank: int, allow_pickle: bool = Fa
         rank: this rank (which ``rank-<r>.pt`` to load).
         allow_pickle: let ``vars.pt`` (only) unpickle code; weights and RNG states never do.
         action: what errors call it (``roll back``, ``load``).
+        files: :func:`state_files` of ``url`` as the driver checked them just before (a committed directory does
+            not change): not listed again on every rank (N listings of N files; on object storage N requests).
 
     Returns:
         ``{"restored": [...names], "changed": [...plain variables changed since, not restored]}``.
@@ -146,7 +148,7 @@ def load(namespace: Dict[str, Any], url: str, rank: int, allow_pickle: bool = Fa
         CheckpointError / SnapshotError: a missing, truncated or edited file (named); nothing loaded.
     """
     fs, path = resolve(url)
-    files = state_files(url)
+    files = state_files(url) if files is None else files
     meta = json.loads(fs.cat_file(join(path, META)).decode())
     replicated = loads(_read(fs, join(path, REPLICATED)), f"{url}/{REPLICATED}", may_pickle=False)
     own: Optional[Dict[str, Any]] = None
