@@ -61,6 +61,15 @@ class FakeRank:
         finally:
             self.current = None
 
+    def _join_fail(self, message, delay):
+        """Fails the step after ``delay`` seconds with ``message`` (a peer's lost connection, or the cause)."""
+        self.current = "_join"
+        try:
+            self.released.wait(delay)
+            raise RuntimeError(message)
+        finally:
+            self.current = None
+
     def past_preload(self):
         return getattr(self, "preloaded", False)
 
@@ -143,3 +152,16 @@ def test_a_rank_still_starting_at_the_deadline_is_named_as_starting(ray_session)
     with pytest.raises(GroupError, match=r"within 8 s: rank\(s\) 1 still starting \(importing torch"):
         await_step(slots_of(ranks), refs, "_join", deadline_s=STEP_GRACE_S + 3, silent_s=30)
     ray.get(ranks[1].release.remote(), timeout=10)
+
+
+def test_a_failed_step_names_the_rank_that_caused_it_not_a_peer_that_lost_it(ray_session):
+    """A rank whose peer left the step meets "Connection refused" or "closed by peer", often before the peer's own
+    error comes back: the error named is the peer's, with the others counted."""
+    cause, lost = FakeRank.remote(), FakeRank.remote()
+    refs = [cause._join_fail.remote("the state could not be brought in line", 1.0),
+            lost._join_fail.remote("[pair.cc:553] Connection closed by peer [127.0.0.1]:16768", 0.0)]
+    with pytest.raises(GroupError) as info:
+        await_step(slots_of([cause, lost]), refs, "_join", 60, 60)
+    text = str(info.value)
+    assert "could not re-form the process group: rank 0: RuntimeError: the state could not be brought in line" in text
+    assert "rank(s) 1 failed too, after it" in text and "closed by peer" not in text

@@ -9,6 +9,7 @@ the waiting ranks return; the step's deadline bounds the rest.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from typing import Any, Dict, List, Sequence, Set
 
@@ -24,13 +25,54 @@ logger = logging.getLogger(__name__)
 _STEP_WORDS = {"_setup": "form the process group", "_join": "re-form the process group"}
 
 
-def _raise_for(exc: BaseException, rank: int, slot: Slot, what: str) -> None:
+#: Words of an error a rank meets because a peer left the step (its connection refused, closed or reset): what the
+#: peer met first is the cause to name.
+_LOST_PEER = re.compile(r"Connection (refused|closed|reset)|closed by peer|Broken pipe|Failed to recv|"
+                        r"timed out connecting|Socket Timeout", re.IGNORECASE)
+
+
+def _raise_for(exc: BaseException, rank: int, slot: Slot, what: str, also: str = "") -> None:
     kind, error = classify(exc, rank, slot)
     if kind is ReplyKind.DIED:
         raise error
     if isinstance(error, GroupError):
-        raise type(error)(first_line(error)) from None
-    raise GroupError(f"the workers could not {what}: {type(error).__name__}: {first_line(error)}") from None
+        raise type(error)(first_line(error) + also) from None
+    raise GroupError(f"the workers could not {what}: rank {rank}: {type(error).__name__}: {first_line(error)}"
+                     f"{also}") from None
+
+
+def _raise_first_cause(slots: Sequence[Slot], refs: List[Any], rank: int, exc: BaseException, what: str) -> None:
+    """A rank failed the step (its peers were released): raise what names the cause. The released ranks answer
+    at once; within :data:`CONTROL_CALL_S` their errors are read too, and the one named is a death, else the first
+    error that is not a lost connection to a peer (a rank whose peer left the step meets "Connection refused" or
+    "closed by peer": the peer's own error is the cause), else the first; the others are counted after it."""
+    import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
+
+    failed = [(rank, exc)]
+    rest = [ref for i, ref in enumerate(refs) if i != rank]
+    if rest:
+        ready, _ = ray.wait(rest, num_returns=len(rest), timeout=CONTROL_CALL_S)
+        for ref in ready:
+            try:
+                ray.get(ref, timeout=0)
+            except Exception as other:  # noqa: BLE001 - each rank's own error, sorted below
+                failed.append((refs.index(ref), other))
+    pick, also = first_cause([(r, *classify(e, r, slots[r])) for r, e in failed])
+    _raise_for(failed[pick][1], failed[pick][0], slots[failed[pick][0]], what, also)
+
+
+def first_cause(failed: Sequence[Any]) -> Any:
+    """Of ``failed`` (``(rank, ReplyKind, error)`` in the order met), the index of the one to name and what to say of
+    the others: a death first, else the first error that is not a lost connection to a peer, else the first."""
+    dead = [i for i, (_, kind, _) in enumerate(failed) if kind is ReplyKind.DIED]
+    causes = [i for i, (_, kind, err) in enumerate(failed) if kind is not ReplyKind.DIED and not _LOST_PEER.search(
+        str(err))]
+    pick = (dead or causes or [0])[0]
+    others = sorted(r for i, (r, _, _) in enumerate(failed) if i != pick)
+    if not others:
+        return pick, ""
+    return pick, (f" (rank(s) {', '.join(map(str, others))} failed too, "
+                  f"{'after it' if dead or causes else 'each losing a peer'})")
 
 
 def _activities(slots: Sequence[Slot], ranks: Sequence[int]) -> Dict[int, Any]:
@@ -95,8 +137,7 @@ def await_step(slots: Sequence[Slot], refs: List[Any], step: str, deadline_s: fl
             except Exception as exc:  # noqa: BLE001 - a rank failed: the step cannot end
                 if pending:
                     release_ranks(slots)
-                rank = refs.index(ref)
-                _raise_for(exc, rank, slots[rank], what)
+                _raise_first_cause(slots, refs, refs.index(ref), exc, what)
         if not pending:
             break
         now = time.monotonic()
