@@ -62,6 +62,18 @@ def test_rate_is_steps_per_second_over_recent_reports():
     assert m.rows[0].rate_text() == "20 steps/s"
 
 
+def test_a_cell_whose_reports_all_arrive_in_one_batch_still_has_a_rate():
+    m = DashboardModel()
+    m.set_workers([_status(0), _status(1)])
+    m.begin_cell()
+    m.add_records([_rec(r, i * 0.01, step=i, loss=1.0) for i in range(20) for r in (0, 1)])
+    for r in (0, 1):
+        assert abs(m.rows[r].rate - 100.0) < 1e-6 and m.rows[r].progress() == (1, 1, "step 20")
+    m.begin_cell()
+    m.add_records([_rec(0, 5.0, loss=1.0), _rec(0, 5.5, loss=0.5)])  # no step metric: each report is a step
+    assert m.rows[0].progress() == (1, 1, "2 reports") and abs(m.rows[0].rate - 2.0) < 1e-6
+
+
 def test_series_keep_x_increasing_across_cells_and_are_capped():
     m = DashboardModel(max_points=100, plot_points=50)
     for cell in range(2):

@@ -226,7 +226,9 @@ class DashboardModel:
                 last = recs[-1]
                 if any(r.get("total") is not None for r in recs) and last.get("total") is None:
                     last = dict(last, total=next(r["total"] for r in reversed(recs) if r.get("total") is not None))
-                row.add(last, self.cell_total, count=len(recs))  # a row shows the latest of a batch
+                if len(recs) > 1:  # the batch's first report starts the rate's window: one batch has a rate
+                    row.add(recs[0], self.cell_total)
+                row.add(last, self.cell_total, count=len(recs) - (len(recs) > 1))  # a row shows a batch's latest
                 series = self.series.get(rank)
                 if series is None:
                     series = self.series[rank] = Series(self._rank_points())
