@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import signal
 import tempfile
+import threading
 
 import pytest
 
@@ -26,6 +27,24 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 pytest_plugins = ("tests.lanes",)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_as_before():
+    """Puts back the SIGINT and SIGUSR1 handlers a test leaves changed.
+
+    Ray Tune's ``Tuner.fit()`` installs its own SIGINT handler and leaves it after the sweep (a kernel puts its own back
+    after each cell; this process is no kernel). A later test's Ctrl-C would only end a Tune run that is over, and
+    the cell it meant to interrupt would run on until the test's timeout.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # handlers can only be set from the main thread
+        return
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGUSR1)}
+    yield
+    for sig, handler in before.items():
+        if handler is not None and signal.getsignal(sig) is not handler:
+            signal.signal(sig, handler)
 
 
 @pytest.fixture(scope="session")
