@@ -17,7 +17,7 @@ from ..checkpoint.staging import discard_dir
 from ..checkpoint.storage import join
 from ..errors import CheckpointError, WorkerLostError
 from ..waits import get_within, join_within, wait_within
-from ..worker.snapshot_io import state_files
+from ..worker.snapshot_io import read_meta, state_files
 from . import timing
 from .fanout import FANOUT, ReplyKind, classify
 from .state import GroupState
@@ -166,8 +166,9 @@ def rollback(core: "GroupCore", name_or_index: Union[str, int], run: Optional[st
     if entry.kind != "snapshot":
         raise CheckpointError(f"{entry.name} is a reported checkpoint (your own files): load it in a cell with "
                               "raytrain_nb.get_checkpoint() or Checkpoint; rollback takes snapshots")
-    files = state_files(entry.path)  # once here, not on every rank: a committed directory does not change
-    results = core.collect([s.actor.rollback.remote(entry.path, allow_pickle, files) for s in core.slots],
+    # once here, not on every rank: a committed directory does not change
+    files, meta = state_files(entry.path), read_meta(entry.path)
+    results = core.collect([s.actor.rollback.remote(entry.path, allow_pickle, files, meta) for s in core.slots],
                            timing.SNAPSHOT_WRITE_S, "roll back", collective=True)
     changed = sorted({n for r in results for n in r["changed"]})
     if core.mirrors.sharded:  # the buddies keep the rolled-back shards
@@ -180,9 +181,9 @@ def load(core: "GroupCore", source: Any, allow_pickle: bool) -> RollbackResult:
     """Load a state checkpoint into every rank's same named objects (see :meth:`WorkerGroup.load`)."""
     core.check_usable()
     url = as_checkpoint(source, "group.load").url
-    files = state_files(url)  # on the driver, once: a wrong directory fails before any rank loads
+    files, meta = state_files(url), read_meta(url)  # on the driver, once: a wrong one fails before any rank loads
     wait_background(core)
-    results = core.collect([s.actor.load_state.remote(url, allow_pickle, files) for s in core.slots],
+    results = core.collect([s.actor.load_state.remote(url, allow_pickle, files, meta) for s in core.slots],
                            timing.SNAPSHOT_WRITE_S, "load a checkpoint into", collective=True)
     changed = sorted({n for r in results for n in r["changed"]})
     if core.mirrors.sharded:  # the buddies keep the loaded shards

@@ -282,11 +282,11 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWor
             self._end(result)
         return result
 
-    def load_state(self, url: str, allow_pickle: bool = False, files: Optional[Dict[str, int]] = None
-                   ) -> Dict[str, Any]:
-        """Load a checkpoint of named state (a snapshot, ``tune.save_state``'s) into this rank's objects (``files``:
-        its files as the driver checked them)."""
-        return self._cells.call(snapshot_io.load, self.namespace, url, self.rank, allow_pickle, "load", files)
+    def load_state(self, url: str, allow_pickle: bool = False, files: Optional[Dict[str, int]] = None,
+                   meta: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """Load a checkpoint of named state (a snapshot, ``tune.save_state``'s) into this rank's objects (``files``,
+        ``meta``: its files as the driver checked them and its ``snapshot.json`` as the driver read it)."""
+        return self._cells.call(snapshot_io.load, self.namespace, url, self.rank, allow_pickle, "load", files, meta)
 
     def push(self, values: Dict[str, Any]) -> None:
         self.namespace.update(values)

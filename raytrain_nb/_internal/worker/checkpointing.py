@@ -187,9 +187,12 @@ class CheckpointingWorker:
         except concurrent.futures.TimeoutError:
             return {"rank": self.rank, "timeout": True}
 
-    def rollback(self, url: str, allow_pickle: bool = False, files: Optional[Dict[str, int]] = None) -> Dict[str, Any]:
-        """Load a snapshot into this rank's namespace, in place (``files``: its files as the driver checked them)."""
-        return self._cells.call(snapshot_io.load, self.namespace, url, self.rank, allow_pickle, "roll back", files)
+    def rollback(self, url: str, allow_pickle: bool = False, files: Optional[Dict[str, int]] = None,
+                 meta: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """Load a snapshot into this rank's namespace, in place (``files``, ``meta``: its files as the driver checked
+        them and its ``snapshot.json`` as the driver read it)."""
+        return self._cells.call(snapshot_io.load, self.namespace, url, self.rank, allow_pickle, "roll back", files,
+                                meta)
 
 
 def read_storage_marker(url: str, token: str) -> None:

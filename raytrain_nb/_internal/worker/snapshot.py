@@ -3,8 +3,7 @@
 Tracked = every ``torch.nn.Module`` (a DDP wrapper counts as its module),
 optimizer, LR scheduler and ``GradScaler`` bound to a name in the namespace,
 XGBoost and LightGBM boosters (:mod:`.boosters`), Keras models with their
-optimizers (:mod:`.keras_models`), plus the torch/numpy/python RNG states (as tensors, so they load with
-``weights_only=True``), plus the plain variables the user names (kept apart:
+optimizers (:mod:`.keras_models`), plus the torch/numpy/python RNG states (plain data, :mod:`.rng`), plus the plain variables the user names (kept apart:
 only they may need unpickling). Rollback loads the values into the same
 objects, so references the user holds stay valid.
 """
@@ -13,14 +12,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
-import math
 import pickle
-import random
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import SnapshotError
-from . import keras_models
+from . import keras_models, rng
 from .boosters import is_booster, load_into, model_bytes
 from .copy_pool import CopyPool
 from .sharded import check_mesh, is_sharded, sort_sharded
@@ -137,45 +134,13 @@ def find_tracked(namespace: Dict[str, Any], strict: bool = True) -> Tracked:
 
 
 def rng_state() -> Dict[str, Any]:
-    """torch, numpy and python RNG states as tensors (loadable with weights_only=True)."""
-    import torch  # torch: loaded on first use, not on import raytrain_nb
-
-    state: Dict[str, Any] = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
-    try:
-        import numpy as np  # numpy: optional or heavy, loaded on first use
-
-        kind, keys, pos, has_gauss, gauss = np.random.get_state()
-        state["numpy"] = {"keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos),
-                          "has_gauss": int(has_gauss), "gauss": float(gauss)}
-    except ImportError:
-        pass
-    version, internal, gauss = random.getstate()
-    # the scalars as plain numbers (weights-only loads take them; every tensor costs a load ~0.1 ms), the arrays as
-    # tensors; set_rng_state reads either form (snapshots written before hold 0-d tensors)
-    state["python"] = {"version": int(version), "internal": torch.tensor(internal, dtype=torch.int64),
-                       "gauss": float("nan") if gauss is None else float(gauss)}
-    return state
+    """torch, numpy and python RNG states as JSON-able data (:mod:`.rng`)."""
+    return rng.encode()
 
 
 def set_rng_state(state: Dict[str, Any]) -> None:
-
-    import torch  # torch: loaded on first use, not on import raytrain_nb
-
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-    if "numpy" in state:
-        import numpy as np  # numpy: optional or heavy, loaded on first use
-
-        s = state["numpy"]
-        np.random.set_state(("MT19937", s["keys"].numpy().astype("uint32"), int(s["pos"]),
-                             int(s["has_gauss"]), float(s["gauss"])))
-    p = state["python"]
-    gauss = float(p["gauss"])
-    random.setstate((int(p["version"]), tuple(p["internal"].tolist()),
-                     None if math.isnan(gauss) else gauss))
+    """Set the generators to ``state``: :func:`rng_state`'s form or an older snapshot's tensors."""
+    rng.apply(rng.decode(state))
 
 
 def cpu_state(obj: Any, copy: bool = True, pool: Optional[CopyPool] = None) -> Any:
@@ -310,10 +275,11 @@ def structure_problem(kind: str, obj: Any, state: Dict[str, Any]) -> Optional[st
     return None
 
 
-def restore(namespace: Dict[str, Any], replicated: Dict[str, Any], own: Optional[Dict[str, Any]],
+def restore(namespace: Dict[str, Any], replicated: Dict[str, Any], generators: Optional[Dict[str, Any]],
             variables: Optional[Dict[str, Any]] = None, action: str = "roll back") -> List[str]:
     """Load saved state into the same objects in ``namespace``; return the names restored.
 
+    ``generators``: this rank's RNG states as :func:`.rng.decode` checked them (None: left as they are).
     ``variables`` are the plain variables to bind again; None takes them from
     ``replicated["vars"]``, where snapshots written before ``vars.pt`` kept them. ``action``
     names what is done, for errors (``roll back``, ``load``).
@@ -351,8 +317,8 @@ def restore(namespace: Dict[str, Any], replicated: Dict[str, Any], own: Optional
     for name, value in (replicated.get("vars", {}) if variables is None else variables).items():
         namespace[name] = value
         restored.append(name)
-    if own and "rng" in own:
-        set_rng_state(own["rng"])
+    if generators is not None:
+        rng.apply(generators)
     return restored
 
 

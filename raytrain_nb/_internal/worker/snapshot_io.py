@@ -4,7 +4,8 @@ Snapshot layout (one committed directory)::
 
     replicated.pt      models, optimizers, schedulers, grad scalers (written by rank 0)
     vars.pt            the plain variables of --vars (rank 0; absent when none were named)
-    rank-<r>.pt        RNG states of rank r (written by each rank; arrays as tensors, scalars as numbers)
+    rank-<r>.json      RNG states of rank r and its plain variables' fingerprints (written by each rank; plain
+                       data: generator bytes in base64; snapshots written before kept them in rank-<r>.pt)
     snapshot.json      world size, variable names, fingerprints of plain variables, the sharded part (rank 0)
     sharded/           sharded (FSDP2) models and their optimizers: one DCP checkpoint, each rank's own shards
                        in __<r>_0.distcp, DCP's .metadata (read with a restricted unpickler, :mod:`.dcp_safe`)
@@ -12,8 +13,8 @@ Snapshot layout (one committed directory)::
 A trial's ``raytrain_nb.tune.save_state`` writes the same layout with ``replicated.pt`` and
 ``snapshot.json`` only (no fingerprints), so a group loads it like a snapshot (``group.load``).
 
-Storage may be shared, so ``replicated.pt`` and ``rank-<r>.pt`` always load with
-``weights_only=True``; ``--allow-pickle`` loosens only ``vars.pt``. Snapshots written before
+Storage may be shared, so ``replicated.pt`` always loads with ``weights_only=True`` and ``rank-<r>.json`` is
+JSON; ``--allow-pickle`` loosens only ``vars.pt``. Snapshots written before
 ``vars.pt`` kept the variables in ``replicated.pt``: they load when those are weights-only safe.
 """
 from __future__ import annotations
@@ -25,9 +26,9 @@ from typing import Any, Dict, Optional, Sequence
 
 from ..checkpoint.staging import StagedDir, verify_dir
 from ..checkpoint.storage import is_local, join, resolve, to_url
-from ..errors import CheckpointError
+from ..errors import CheckpointError, SnapshotError
 from .copy_pool import CopyPool
-from . import sharded_io
+from . import rng, sharded_io
 from .snapshot import capture, changed_since, find_tracked, fingerprint, loads, restore
 
 logger = logging.getLogger(__name__)
@@ -38,6 +39,11 @@ META = "snapshot.json"
 
 
 def rank_file(rank: int) -> str:
+    return f"rank-{rank}.json"
+
+
+def older_rank_file(rank: int) -> str:
+    """Where snapshots written before ``rank-<r>.json`` kept a rank's RNG states (tensors, weights-only)."""
     return f"rank-{rank}.pt"
 
 
@@ -68,9 +74,8 @@ def write(taken: Dict[str, Any], staged: StagedDir) -> None:
         meta = {"world_size": taken["world_size"], "vars": taken["vars"], "fingerprint": taken["fingerprint"]}
         if taken.get("sharded"):
             meta["sharded"] = taken["sharded"]["record"]
-        with staged.open(META) as fh:
-            fh.write(json.dumps(meta).encode())
-    _save(taken["own"], staged, rank_file(rank))
+        _write_bytes(json.dumps(meta).encode(), staged, META)
+    _write_bytes(json.dumps(taken["own"]).encode(), staged, rank_file(rank))
     if taken.get("sharded"):
         sharded_io.write(taken["sharded"]["state"], staged, taken["sharded"]["group"])
 
@@ -84,6 +89,24 @@ def _save(obj: Any, staged: StagedDir, name: str) -> None:
     else:
         with staged.open(name) as fh:
             torch.save(obj, fh)
+
+
+def _write_bytes(data: bytes, staged: StagedDir, name: str) -> None:
+    if is_local(staged.fs):
+        os.makedirs(staged.path, exist_ok=True)
+        with open(os.path.join(staged.path, name), "wb") as fh:
+            fh.write(data)
+    else:
+        with staged.open(name) as fh:
+            fh.write(data)
+
+
+def _cat(fs: Any, path: str) -> bytes:
+    """A small file's bytes (a local one without fsspec's buffering)."""
+    if is_local(fs):
+        with open(path, "rb") as fh:
+            return fh.read()
+    return fs.cat_file(path)
 
 
 def _read(fs: Any, path: str) -> Any:
@@ -127,19 +150,59 @@ def write_state(url: str, replicated: Dict[str, Any], world_size: int) -> None:
     fs.pipe_file(join(path, META), json.dumps(meta).encode())
 
 
+def read_meta(url: str) -> Dict[str, Any]:
+    """``snapshot.json`` of the state checkpoint at ``url`` (the driver reads it once and hands it to the ranks).
+
+    Raises:
+        SnapshotError: it is not JSON.
+    """
+    fs, path = resolve(url)
+    return _json(_cat(fs, join(path, META)), f"{to_url(fs, path)}/{META}")
+
+
+def _json(data: bytes, what: str) -> Dict[str, Any]:
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise SnapshotError(f"{what} is truncated or damaged ({type(exc).__name__}: {str(exc)[:160]}); nothing was "
+                            "loaded") from None
+    if not isinstance(value, dict):
+        raise SnapshotError(f"{what} holds a {type(value).__name__}, not the object it was written as; nothing "
+                            "was loaded")
+    return value
+
+
+def _rank_state(fs: Any, path: str, url: str, rank: int, files: Dict[str, int]) -> Optional[Dict[str, Any]]:
+    """This rank's own part (``{"rng": ..., "fingerprint": ...}``) in either form, its RNG states checked and made
+    ready (:func:`.rng.decode`); None when the snapshot holds none for this rank (a ``save_state`` checkpoint)."""
+    if rank_file(rank) in files:
+        what = f"{url}/{rank_file(rank)}"
+        own = _json(_cat(fs, join(path, rank_file(rank))), what)
+    elif older_rank_file(rank) in files:
+        what = f"{url}/{older_rank_file(rank)}"
+        own = loads(_read(fs, join(path, older_rank_file(rank))), what, may_pickle=False)
+    else:
+        return None
+    if "rng" in own:
+        own["rng"] = rng.decode(own["rng"], f"{what}: the RNG state")
+    return own
+
+
 def load(namespace: Dict[str, Any], url: str, rank: int, allow_pickle: bool = False,
-         action: str = "roll back", files: Optional[Dict[str, int]] = None) -> Dict[str, Any]:
+         action: str = "roll back", files: Optional[Dict[str, int]] = None,
+         meta: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Roll this rank's namespace back to the snapshot at ``url`` (or load a ``save_state``
     checkpoint into it), in place.
 
     Args:
         namespace: the rank's namespace.
         url: the committed snapshot directory.
-        rank: this rank (which ``rank-<r>.pt`` to load).
+        rank: this rank (which ``rank-<r>.json`` to load).
         allow_pickle: let ``vars.pt`` (only) unpickle code; weights and RNG states never do.
         action: what errors call it (``roll back``, ``load``).
         files: :func:`state_files` of ``url`` as the driver checked them just before (a committed directory does
             not change): not listed again on every rank (N listings of N files; on object storage N requests).
+        meta: :func:`read_meta` of ``url`` as the driver read it (not read again on every rank).
 
     Returns:
         ``{"restored": [...names], "changed": [...plain variables changed since, not restored]}``.
@@ -149,17 +212,15 @@ def load(namespace: Dict[str, Any], url: str, rank: int, allow_pickle: bool = Fa
     """
     fs, path = resolve(url)
     files = state_files(url) if files is None else files
-    meta = json.loads(fs.cat_file(join(path, META)).decode())
+    meta = read_meta(url) if meta is None else meta
     replicated = loads(_read(fs, join(path, REPLICATED)), f"{url}/{REPLICATED}", may_pickle=False)
-    own: Optional[Dict[str, Any]] = None
-    if rank_file(rank) in files:
-        own = loads(_read(fs, join(path, rank_file(rank))), f"{url}/{rank_file(rank)}", may_pickle=False)
+    own = _rank_state(fs, path, url, rank, files)
     variables = None  # older snapshots: in replicated.pt, loaded weights-only above
     if VARS in files:
         variables = loads(_read(fs, join(path, VARS)), f"{url}/{VARS}", allow_pickle)
     if meta.get("sharded"):
         sharded_io.check_present(find_tracked(namespace), meta["sharded"], action)  # before anything loads
-    restored = restore(namespace, replicated, own, variables, action)
+    restored = restore(namespace, replicated, (own or {}).get("rng"), variables, action)
     if meta.get("sharded"):  # every rank loads its shards (DCP reshards a snapshot of another world size)
         restored += sharded_io.load(find_tracked(namespace), url, meta["sharded"], allow_pickle, action)
     before = (own or {}).get("fingerprint") or meta.get("fingerprint", {})
