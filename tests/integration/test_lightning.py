@@ -106,6 +106,7 @@ def test_optimizer_state_carries_to_the_next_fit_only_when_it_fits():
 def test_snapshots_find_the_module_and_what_its_trainer_made():
     import torch
 
+    from raytrain_nb._internal.worker import rng
     from raytrain_nb._internal.worker.snapshot import capture, find_tracked, restore
 
     class Net(pl.LightningModule):
@@ -133,6 +134,7 @@ def test_snapshots_find_the_module_and_what_its_trainer_made():
     assert find_tracked({"trainer": trainer}).modules == {"trainer.lightning_module": model}  # a module with no name
 
     replicated, own, _ = capture(namespace)
+    draw = torch.rand(3)  # the next draw after the capture
     saved = [p.detach().clone() for p in model.parameters()]
     momentum = [s["momentum_buffer"].clone() for s in trainer.optimizers[0].state.values()]
     trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
@@ -140,8 +142,9 @@ def test_snapshots_find_the_module_and_what_its_trainer_made():
     trainer.fit(model, loader)  # moves the weights, new optimizers (their state carried by RayDDPStrategy only)
     namespace["trainer"] = trainer
     assert not all(torch.equal(a, b) for a, b in zip(saved, model.parameters()))
-    restore(namespace, replicated, own)
+    restore(namespace, replicated, rng.decode(own["rng"]))
     assert all(torch.equal(a, b) for a, b in zip(saved, model.parameters()))
+    assert torch.equal(torch.rand(3), draw)  # the generators are back where the capture found them
     assert all(torch.equal(a, s["momentum_buffer"]) for a, s in zip(momentum, trainer.optimizers[0].state.values()))
 
 
