@@ -47,6 +47,9 @@ class Setting:
 #: Seconds a rank waits in ``collective.barrier()`` / ``broadcast_from_rank_zero()`` for the others (torch's and Ray
 #: Train's ``TorchConfig`` default for a process group's collectives).
 DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
+CELL_CHANNEL = Setting("RAYTRAIN_NB_CELL_CHANNEL", "bool", "1",
+                       "`0` sends cells to ranks on the driver's machine as Ray calls, not over their loopback "
+                       "connection")
 COLLECTIVE_TIMEOUT_S = Setting("RAYTRAIN_NB_COLLECTIVE_TIMEOUT_S", "float", "1800",
                                "seconds a rank waits in `collective.barrier()` or `broadcast_from_rank_zero()` for "
                                "the other ranks before it fails naming those that did not arrive")
@@ -88,9 +91,14 @@ WORKING_DIR = Setting("RAYTRAIN_NB_WORKING_DIR", "bool", "1",
                       "yourself)")
 
 #: Every variable, in the README's order.
-SETTINGS: Tuple[Setting, ...] = (COLLECTIVE_TIMEOUT_S, DASHBOARD, ELASTIC_WAIT_S, INSTANCE_DIR, LEAN_ENTRY, MEMORY_BYTES, NUM_CPUS,
+SETTINGS: Tuple[Setting, ...] = (CELL_CHANNEL, COLLECTIVE_TIMEOUT_S, DASHBOARD, ELASTIC_WAIT_S, INSTANCE_DIR, LEAN_ENTRY, MEMORY_BYTES, NUM_CPUS,
                                  NUM_GPUS, OBJECT_STORE_BYTES, OUTPUT_RATE, RESOURCE_WAIT_S, STORAGE_PATH, UI,
                                  WORKING_DIR)
+
+
+def cell_channel() -> bool:
+    """Whether cells go to ranks on the driver's machine over their loopback channel (anything but ``0``)."""
+    return CELL_CHANNEL.value() != "0"
 
 
 def collective_timeout_s() -> float:

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from ..errors import RankFailure
+from ..errors import GroupError, RankFailure
 from ..output import OutputSink, route
 from ..worker.outcome import CellOutcome
 from . import timing
 from .cellwatch import CellWatch
+from .channels import ChannelCall, close_channel, wait_calls
 from .debug import Prompt
 from .collectives import tell_finished
 from .fanout import FANOUT, Replies, ReplyKind, classify, death_of
@@ -55,6 +56,8 @@ class Dispatch:
         self._released_at = 0.0  # when the first rank was released after a peer failed
         self._peers_released = False
         self._first = True  # the first wait of the call (see _step)
+        # cells sent over the ranks' channels (channels.py): every call is one, or none is
+        self._over_channels = any(isinstance(ref, ChannelCall) for ref in refs)
         self._told: Set[int] = set()  # ranks rank 0's worker was told ended the call (raytrain_nb.collective)
         # a framework backend's collective (C++) cannot be released: ranks left in it are stopped after this long
         self._stop_after_s = core.kind.stop_after_peer_failure_s
@@ -84,7 +87,9 @@ class Dispatch:
         import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
 
         outcomes = None
-        if self._first:  # most cells end within the first interval: their answers in one call, not a wait and a get
+        if self._over_channels:
+            ready, outcomes = self._channel_step(timeout)
+        elif self._first:  # most cells end within the first interval: their answers in one call, not a wait and a get
             self._first = False
             try:
                 outcomes = [CellOutcome.from_wire(x) for x in ray.get(list(self.pending), timeout=timeout)]
@@ -114,6 +119,57 @@ class Dispatch:
             if waiting:
                 self._release(waiting)
         self._poll()
+
+    def _channel_step(self, timeout: float) -> Tuple[List[Any], List[CellOutcome]]:
+        """Wait up to ``timeout`` for replies on the ranks' channels; the calls that ended and their outcomes (a call
+        whose connection ended first is asked after through Ray: ``_lost``)."""
+        calls = list(self.pending)
+        orphans = [c for c in calls if c.orphan]
+        live = [c for c in calls if not c.orphan]
+        ended = wait_calls(live, timeout if not orphans else 0.0)
+        ready: List[Any] = []
+        outcomes: List[CellOutcome] = []
+        for call in ended + orphans:
+            rank = self.pending[call]
+            if call.reply is not None:
+                _, ok, value = call.reply
+                if not ok:  # run_cell failed outside the user's code: ours, as a Ray call's error would be
+                    raise GroupError(f"rank {rank}: the cell failed outside your code: {value}")
+                outcome: Optional[CellOutcome] = CellOutcome.from_wire(value)
+            else:
+                outcome = self._lost(rank, call, timeout if orphans and not live else 0.0)
+            if outcome is not None:
+                ready.append(call)
+                outcomes.append(outcome)
+        return ready, outcomes
+
+    def _lost(self, rank: int, call: ChannelCall, wait_s: float) -> Optional[CellOutcome]:
+        """The outcome of a call whose channel ended before its reply: the rank's death, its reply kept by the
+        worker, or a failure when the request never reached it; None while the rank still runs it."""
+        slot = self._slot(rank)
+        close_channel(slot)  # the next cell opens a new one
+        slot.channel = None
+        reply = self._ask([rank], lambda s: s.actor.channel_result.remote(call.channel.token, call.seq, wait_s),
+                          timing.CONTROL_CALL_S + wait_s, "what became of the cell sent over the channel")[0]
+        if reply.kind is ReplyKind.DIED:
+            self.core.mark_dead(slot.actor, reply.error.cause)
+            return CellOutcome.died(rank, RankFailure.of_lost(reply.error))
+        if reply.kind is ReplyKind.UNRESPONSIVE:
+            return _died(rank, slot, slot.error, unresponsive=True)
+        if reply.kind is ReplyKind.RAISED:
+            raise reply.error
+        state = reply.value.get("state") if reply.ok else "running"  # late: asked again next round
+        if state == "done":
+            _, ok, value = reply.value["reply"]
+            if not ok:
+                raise GroupError(f"rank {rank}: the cell failed outside your code: {value}")
+            return CellOutcome.from_wire(value)
+        if state == "running":
+            call.orphan = True
+            return None
+        return CellOutcome(rank=rank, failure=RankFailure(
+            rank, "ConnectionError", f"the cell did not reach rank {rank}: its connection to the driver closed "
+            "before it arrived; run the cell again"))
 
     def _fetch(self, ready: List[Any]) -> List[CellOutcome]:
         """The outcomes of ready calls: in one fetch while every rank answered, else rank by rank, a rank whose

@@ -22,6 +22,7 @@ from ..worker.outcome import CellOutcome
 from ..worker.sharded import ShardedPull
 from . import timing
 from .background import BackgroundRun
+from .channels import channels_for
 from .collectives import CollectiveRounds
 from .dispatch import Dispatch
 from .fanout import FANOUT, ReplyKind
@@ -109,7 +110,8 @@ class Runner:
             partial = len(targets) < self.core.num_workers
             results = self.dispatch(
                 lambda s, fw, co: s.actor.run_cell_packed.remote([source, cell_id, True, base, partial, fw, wire(co)]),
-                targets, sink, output, shown, quiet_after_s=quiet_after_s, prompt=prompt)
+                targets, sink, output, shown, quiet_after_s=quiet_after_s, prompt=prompt,
+                packed=lambda co: [source, cell_id, True, base, partial, None, wire(co)])
         finally:
             self.core.run_storage.advance(max(self.core.reports_seen(base), 0))
         values = {r: res.value for r, res in results.items()}
@@ -145,9 +147,12 @@ class Runner:
 
     def dispatch(self, submit: Callable[[Slot, Any, Any], Any], targets: List[int], sink: OutputSink,
                  mode: str, shown: Sequence[int], quiet_after_s: float = 0.0,
-                 prompt: Optional[Callable[[str], str]] = None) -> Dict[int, CellOutcome]:
+                 prompt: Optional[Callable[[str], str]] = None,
+                 packed: Optional[Callable[[Any], List[Any]]] = None) -> Dict[int, CellOutcome]:
         """Run one call on ``targets``: ``submit(slot, framework spec, collective spec)`` sends it to a rank
-        (``quiet_after_s``, ``prompt``: the quiet-cell notice and the debugger prompt, ``cellwatch.py``)."""
+        (``quiet_after_s``, ``prompt``: the quiet-cell notice and the debugger prompt, ``cellwatch.py``).
+        ``packed(collective spec)``: a cell's request as ``Worker.run_cell_packed`` takes it, sent over the ranks'
+        cell channels instead where every target has one and no framework backend wraps the cell (``channels.py``)."""
         with self._cell_lock:
             self.core.vitals.new_cell()
             collectives = self.rounds.specs([s.actor for s in self.core.slots], targets)
@@ -156,8 +161,12 @@ class Runner:
             self.core.transition(GroupState.RUNNING)
             try:
                 with self.core.driver_cell(targets) as specs:  # a framework backend's collective for this cell
-                    refs = {submit(self.core.slots[r], spec, co): r
-                            for r, spec, co in zip(targets, specs, collectives)}
+                    lines = channels_for(self.core, targets) if packed is not None and all(s is None for s in specs) else None
+                    if lines is not None:
+                        refs = {lines[r].send(packed(co)): r for r, co in zip(targets, collectives)}
+                    else:
+                        refs = {submit(self.core.slots[r], spec, co): r
+                                for r, spec, co in zip(targets, specs, collectives)}
                     run = Dispatch(self.core, self.owner.replace, refs, sink, mode, shown, prompt, quiet_after_s)
                     results = run.collect()
             except BaseException:

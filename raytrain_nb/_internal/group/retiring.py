@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Sequence
 
+from .channels import close_channel
 from .placement import await_recorded_deaths
 from .state import SlotState
 
@@ -17,6 +18,8 @@ logger = logging.getLogger(__name__)
 def kill_worker(slot: Any) -> None:
     """End ``slot``'s worker process (already gone is fine)."""
     import ray  # ray: loaded when a group or trainer runs, not on import raytrain_nb
+
+    close_channel(slot)
 
     try:
         ray.kill(slot.actor, no_restart=True)

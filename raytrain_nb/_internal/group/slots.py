@@ -30,6 +30,8 @@ class Slot:
     #: Whether this worker has completed a formation of the group (until then it holds none of its
     #: peers' state, and the next formation treats it as new, whatever happened in between).
     joined: bool = False
+    #: Its cell channel (``channels.py``): None until opened, False where it cannot have one (cells go as Ray calls).
+    channel: Any = None
 
     @property
     def place(self) -> Place:

@@ -22,6 +22,8 @@ from ..errors import RankFailure, failure_from_exception
 from . import cell as cellmod
 from . import snapshot_io
 from .capture import OutputBuffer, OutputCapture
+from .channel import CONTROL_METHODS as CHANNEL_CALLS
+from .channel import ChannelWorker
 from .cell_thread import CellThread, to_cpu
 from .checkpointing import CheckpointingWorker
 from .collective import CONTROL_METHODS as COLLECTIVE_CALLS
@@ -43,7 +45,7 @@ logger = logging.getLogger(__name__)
 PREPARING = ("_preload", "_warm_imports")
 
 
-class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWorker, MirroringWorker):
+class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWorker, MirroringWorker, ChannelWorker):
     """One rank of a :class:`~raytrain_nb.WorkerGroup` (a Ray actor when spawned)."""
 
     def __init__(self, cwd: Optional[str] = None, sys_path: Sequence[str] = (),
@@ -66,6 +68,7 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWor
         self._cells = CellThread()
         self._lock = threading.Lock()
         self._node_peers = NodePeers()  # the leader's side of a node's combined poll
+        self._init_channel(self.run_cell_packed)  # cells from a driver on this machine (channel.py)
         self._in_user = False
         self._interrupt_pending = False
         self._interrupted = False
@@ -375,7 +378,7 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWor
 
 
 CONTROL_METHODS = ("ping", "poll", "poll_node", "activity", "release", "stack", "interrupt", "request_snapshot",
-                   "cancel_snapshot", "snapshot_wait", "pull") + COLLECTIVE_CALLS + INSPECTING_CALLS + MIRROR_CALLS  # pull: in a cell too
+                   "cancel_snapshot", "snapshot_wait", "pull") + COLLECTIVE_CALLS + INSPECTING_CALLS + MIRROR_CALLS + CHANNEL_CALLS  # pull: in a cell too
 for _name in CONTROL_METHODS:  # what ray.method(concurrency_group="control") sets
     getattr(Worker, _name).__ray_concurrency_group__ = "control"
 Worker.watch.__ray_concurrency_group__ = "monitor"

@@ -1,0 +1,93 @@
+"""Cells over the ranks' loopback channels (group/channels.py) in a real group: used where every rank is on the
+driver's machine, the same results as Ray calls, a broken line that costs no cell, a death typed as Ray types it."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+
+import pytest
+
+from raytrain_nb import WorkerDiedError, WorkerError, WorkerGroup
+from raytrain_nb._internal.group.channels import Channel
+from raytrain_nb._internal.output import CollectSink
+
+from ..groups import SETUP, quiet, set_up_group
+from ..waiting import bounded, wait_for
+
+pytestmark = pytest.mark.ray
+
+
+def _lines(g: WorkerGroup):
+    return [s.channel for s in g._core.slots]
+
+
+def test_cells_to_ranks_on_this_machine_go_over_their_channels(group):
+    quiet(group, "x = 40")
+    assert all(isinstance(c, Channel) for c in _lines(group))
+    sent = [c.seq for c in _lines(group)]
+    quiet(group, "import raytrain_nb as train\ny = x + 2 + train.get_context().get_world_rank()")
+    assert group.pull("y", rank=None) == [42, 43]
+    assert [c.seq for c in _lines(group)] == [s + 1 for s in sent], "the cell should have gone over the channels"
+
+
+def test_with_the_channel_off_cells_go_as_ray_calls_with_the_same_results(ray_session, monkeypatch):
+    monkeypatch.setenv("RAYTRAIN_NB_CELL_CHANNEL", "0")
+    with set_up_group(SETUP) as g:
+        quiet(g, "y = rank * 10 + 1")
+        assert g.pull("y", rank=None) == [1, 11]
+        with pytest.raises(WorkerError, match="ValueError: off"):
+            quiet(g, "raise ValueError('off')")
+        assert _lines(g) == [None, None], "no channel should be opened"
+
+
+def _started(sink: CollectSink, rank: int) -> bool:
+    """Whether ``rank``'s cell printed ``started`` (it runs user code now)."""
+    return any(r == rank and "started" in text for r, _, text in sink.streams)
+
+
+def test_a_line_that_breaks_while_the_cell_runs_costs_no_cell(group):
+    quiet(group, "import time; marker = 0")
+    line = _lines(group)[1]
+    result = {}
+    sink = CollectSink()
+
+    def run():
+        group.run("print('started', flush=True); time.sleep(1.0); marker = 7", output="all", sink=sink)
+        result["values"] = group.pull("marker", rank=None)
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    wait_for(lambda: _started(sink, 1), 30, "rank 1 to run the cell")
+    line.sock.shutdown(socket.SHUT_RDWR)  # the driver's end of rank 1's line goes; the rank lives on
+    bounded(60, "the cell to end though its line broke", runner.join)
+    assert result["values"] == [7, 7]
+    quiet(group, "marker += 1")
+    assert group.pull("marker", rank=None) == [8, 8]
+    assert isinstance(_lines(group)[1], Channel) and _lines(group)[1] is not line, "a new line should be open"
+
+
+def test_a_rank_killed_mid_cell_over_its_channel_is_typed_as_died(ray_session):
+    with set_up_group(SETUP) as g:
+        quiet(g, "import time")
+        assert all(isinstance(c, Channel) for c in _lines(g))
+        pid = g.status()[1].pid
+        failure = {}
+        sink = CollectSink()
+
+        def run():
+            try:
+                g.run("print('started', flush=True)\nfor _ in range(600): time.sleep(0.1)", output="all", sink=sink)
+            except WorkerError as exc:
+                failure["error"] = exc
+
+        runner = threading.Thread(target=run, daemon=True)
+        runner.start()
+        wait_for(lambda: _started(sink, 0) and _started(sink, 1), 30, "both ranks to run the cell")
+        os.kill(pid, signal.SIGKILL)
+        g.interrupt()  # rank 0 sleeps on; the cell ends once it stops
+        bounded(30, "the cell to end after rank 1 died and rank 0 was interrupted", runner.join)
+        errors = [f.exception() for f in failure["error"].failures]
+        assert any(isinstance(e, WorkerDiedError) and e.rank == 1 for e in errors), failure["error"]
+        assert g.status()[1].state == "dead"
