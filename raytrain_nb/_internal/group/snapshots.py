@@ -59,7 +59,8 @@ def checkpoint(core: "GroupCore", name: Optional[str], var_names: Sequence[str],
             _at_step_boundary(core, staged, var_names, timeout_s)
         else:
             core.check_usable()
-            replies = core.collect([a.snapshot.remote(staged, list(var_names), not blocking) for a in actors],
+            request = [staged, list(var_names), not blocking]  # one argument a rank (Worker.snapshot_packed)
+            replies = core.collect([a.snapshot_packed.remote(request) for a in actors],
                                    timing.SNAPSHOT_WRITE_S, "snapshot", collective=True)
             if core.mirrors.sharded or any(r.get("sharded") for r in replies):  # a DDP group has no shards to mirror
                 core.mirrors.refresh_safely(core)  # between cells: a sharded group's shards to the buddies too
@@ -168,7 +169,8 @@ def rollback(core: "GroupCore", name_or_index: Union[str, int], run: Optional[st
                               "raytrain_nb.get_checkpoint() or Checkpoint; rollback takes snapshots")
     # once here, not on every rank: a committed directory does not change
     files, meta = state_files(entry.path), read_meta(entry.path)
-    results = core.collect([s.actor.rollback.remote(entry.path, allow_pickle, files, meta) for s in core.slots],
+    request = [entry.path, allow_pickle, files, meta]  # one argument a rank (Worker.rollback_packed)
+    results = core.collect([s.actor.rollback_packed.remote(request) for s in core.slots],
                            timing.SNAPSHOT_WRITE_S, "roll back", collective=True)
     changed = sorted({n for r in results for n in r["changed"]})
     if core.mirrors.sharded:  # the buddies keep the rolled-back shards
@@ -183,7 +185,8 @@ def load(core: "GroupCore", source: Any, allow_pickle: bool) -> RollbackResult:
     url = as_checkpoint(source, "group.load").url
     files, meta = state_files(url), read_meta(url)  # on the driver, once: a wrong one fails before any rank loads
     wait_background(core)
-    results = core.collect([s.actor.load_state.remote(url, allow_pickle, files, meta) for s in core.slots],
+    request = [url, allow_pickle, files, meta]  # one argument a rank (Worker.load_state_packed)
+    results = core.collect([s.actor.load_state_packed.remote(request) for s in core.slots],
                            timing.SNAPSHOT_WRITE_S, "load a checkpoint into", collective=True)
     changed = sorted({n for r in results for n in r["changed"]})
     if core.mirrors.sharded:  # the buddies keep the loaded shards

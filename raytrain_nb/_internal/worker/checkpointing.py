@@ -194,6 +194,21 @@ class CheckpointingWorker:
         return self._cells.call(snapshot_io.load, self.namespace, url, self.rank, allow_pickle, "roll back", files,
                                 meta)
 
+    # The driver's path: each method's arguments in one list. Ray carries one argument for about the cost of each of
+    # four (100-120 us of a rank's CPU apiece, measured at 8 ranks), and the same list goes to every rank.
+
+    def snapshot_packed(self, request: Sequence[Any]) -> Dict[str, Any]:
+        """:meth:`snapshot` with ``[staged, var_names, background]``."""
+        return self.snapshot(*request)
+
+    def rollback_packed(self, request: Sequence[Any]) -> Dict[str, Any]:
+        """:meth:`rollback` with ``[url, allow_pickle, files, meta]``."""
+        return self.rollback(*request)
+
+    def load_state_packed(self, request: Sequence[Any]) -> Dict[str, Any]:
+        """``Worker.load_state`` with ``[url, allow_pickle, files, meta]``."""
+        return self.load_state(*request)  # type: ignore[attr-defined]  # the Worker's own
+
 
 def read_storage_marker(url: str, token: str) -> None:
     """On a worker: read the driver's marker in the run directory, write this rank's."""
