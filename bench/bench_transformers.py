@@ -25,7 +25,7 @@ FRESH = 3
 
 #: The training code both variants run (a cell on the group; the body of the torchrun script).
 SHARED = '''
-import json, os, time
+import json, os, sys, time
 import torch
 from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainerCallback, TrainingArguments
 

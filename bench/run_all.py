@@ -75,6 +75,9 @@ def main() -> int:
     single_thread()
     os.environ.setdefault("RAYTRAIN_NB_NUM_CPUS", "4")
     os.environ.setdefault("RAYTRAIN_NB_OBJECT_STORE_BYTES", str(200 * 1024 * 1024))
+    # Ray's workers import what a section ships by reference (its functions and actor classes live in bench
+    # modules, not __main__ as when a section runs alone): each Ray started from here gives them this folder too.
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (BENCH_DIR, os.environ.get("PYTHONPATH", "")) if p)
 
     figures: List[Figure] = []
     errors: List[str] = []
