@@ -199,7 +199,13 @@ def run(quick: bool = False, only: Sequence[str] = ()) -> List[Figure]:
     storage = tempfile.mkdtemp(prefix="bench-boosting-")
     figures: List[Figure] = []
     for library in only or LIBRARIES:
-        figures += _one_library(library, pairs, storage)
+        try:
+            figures += _one_library(library, pairs, storage)
+        except Exception as exc:  # noqa: BLE001 - one library that cannot run keeps none of the others' figures out
+            why = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[-1][:200]}"
+            print(f"  ERROR in {library}: {why}", flush=True)
+            figures += [Figure(key, f"{library}: could not run", None, "x", "<", 1.0, note=why)
+                        for key in LIBRARIES[library][3:]]
     return figures
 
 

@@ -166,8 +166,9 @@ def main() -> int:
     for e in errors:
         print(f"ERROR  {e}")
     missed = [f.key for f in figures if f.passed is False]
+    failed = len(errors) + sum(f.verdict == "ERROR" for f in figures)  # whole sections, and figures that could not run
     print(f"\n{sum(f.passed is True for f in figures)} PASS, {len(missed)} MISS"
-          + (f" ({', '.join(missed)})" if missed else "") + f", {len(errors)} ERROR; "
+          + (f" ({', '.join(missed)})" if missed else "") + f", {failed} ERROR; "
           f"{sum(f.op == 'info' for f in figures)} diagnostics (info: no target of their own)")
     print(f"load average at start {load_start}, at end {loadavg()} on {os.cpu_count()} CPUs "
           "(above ~2, other work shares this machine and throughput figures get noisy)")
