@@ -41,6 +41,15 @@ def served():
         handler.gate.set()
 
 
+def _held(channel: CellChannel, handler: Handler, request):
+    """A line and a call the handler holds until ``handler.gate`` is set (the call runs on the rank by then)."""
+    handler.gate = threading.Event()
+    line = _open(channel)
+    call = line.send(request)
+    assert handler.started.wait(10), "the rank should have started the call"
+    return line, call
+
+
 def _open(channel: CellChannel) -> Channel:
     info = channel.open()
     line = _connect(info["port"], info["token"], info["pid"])
@@ -121,10 +130,7 @@ def test_a_large_outcome_arrives_whole(served):
 
 def test_the_wait_ends_at_its_deadline_while_a_call_runs(served):
     channel, handler = served
-    handler.gate = threading.Event()
-    line = _open(channel)
-    call = line.send(["slow", 1])
-    assert handler.started.wait(10)
+    line, call = _held(channel, handler, ["slow", 1])
     assert wait_calls([call], 0.05) == [] and not call.done
     handler.gate.set()
     assert wait_calls([call], 10) == [call] and call.reply[1] is True
@@ -132,10 +138,7 @@ def test_the_wait_ends_at_its_deadline_while_a_call_runs(served):
 
 def test_a_reply_to_a_call_given_up_on_is_dropped(served):
     channel, handler = served
-    handler.gate = threading.Event()
-    line = _open(channel)
-    given_up = line.send(["first", 1])
-    assert handler.started.wait(10)
+    line, given_up = _held(channel, handler, ["first", 1])
     wanted = line.send(["second", 2])
     handler.gate.set()
     assert wait_calls([wanted], 10) == [wanted]
@@ -144,10 +147,7 @@ def test_a_reply_to_a_call_given_up_on_is_dropped(served):
 
 def test_what_became_of_a_request_is_kept_by_its_number(served):
     channel, handler = served
-    handler.gate = threading.Event()
-    line = _open(channel)
-    call = line.send(["held", 1])
-    assert handler.started.wait(10)
+    line, call = _held(channel, handler, ["held", 1])
     token = line.token
     assert channel.result(token, call.seq, 0.01) == {"state": "running"}
     assert channel.result(token, call.seq + 5, 0.01) == {"state": "running"}, \
@@ -163,10 +163,7 @@ def test_what_became_of_a_request_is_kept_by_its_number(served):
 
 def test_a_reply_survives_its_driver_leaving(served):
     channel, handler = served
-    handler.gate = threading.Event()
-    line = _open(channel)
-    call = line.send(["orphaned", 3])
-    assert handler.started.wait(10)
+    line, call = _held(channel, handler, ["orphaned", 3])
     line.close()
     handler.gate.set()
     wait_for(lambda: channel.result(line.token, call.seq, 0.01)["state"] == "done", 10, "the worker to keep the reply")

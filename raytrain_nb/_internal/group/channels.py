@@ -167,8 +167,7 @@ def channels_for(core: "GroupCore", ranks: Sequence[int]) -> Optional[Dict[int, 
         return None
     for slot in slots.values():
         if isinstance(slot.channel, Channel) and slot.channel.broken:
-            slot.channel.close()
-            slot.channel = None
+            close_channel(slot)
     missing = [r for r, s in slots.items() if s.channel is None]
     if missing:
         here = _driver_ip()
@@ -178,11 +177,9 @@ def channels_for(core: "GroupCore", ranks: Sequence[int]) -> Optional[Dict[int, 
         missing = [r for r in missing if slots[r].channel is None]
         replies = FANOUT.ask([slots[r] for r in missing], lambda s: s.actor.open_channel.remote(),
                              timing.CONTROL_CALL_S, "the ranks' cell channels to open", ranks=missing)
-        for r, reply in zip(missing, replies):
-            channel = _connect(reply.value["port"], reply.value["token"], reply.value["pid"]) if reply.ok else None
-            if channel is None or channel.pid != slots[r].info.get("pid"):
-                if channel is not None:
-                    channel.close()
+        for r, reply in zip(missing, replies):  # the pid checked is the one the rank had when it was described
+            channel = _connect(reply.value["port"], reply.value["token"], slots[r].info["pid"]) if reply.ok else None
+            if channel is None:
                 logger.debug("rank %d: no cell channel (%s); its cells go as Ray calls", r, reply.kind.value)
                 slots[r].channel = UNAVAILABLE if reply.ok else None
             else:
@@ -193,7 +190,9 @@ def channels_for(core: "GroupCore", ranks: Sequence[int]) -> Optional[Dict[int, 
 
 
 def close_channel(slot: Any) -> None:
-    """Close ``slot``'s channel, if it has one (its worker is going)."""
+    """Close ``slot``'s channel, if it has one (its worker is going, or its line broke): the next cell opens a new
+    one."""
     channel = getattr(slot, "channel", None)
     if isinstance(channel, Channel):
         channel.close()
+        slot.channel = None

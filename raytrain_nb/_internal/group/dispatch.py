@@ -36,6 +36,15 @@ def _died(rank: int, slot: Slot, cause: str, unresponsive: bool = False) -> Cell
     return CellOutcome.died(rank, RankFailure.of_lost(death_of(rank, slot, cause, unresponsive)))
 
 
+def _from_reply(rank: int, reply: List[Any]) -> CellOutcome:
+    """The outcome in a channel's reply ``[seq, ok, value]``; ``run_cell`` failing outside the user's code is ours,
+    raised as a Ray call's error would be."""
+    _, ok, value = reply
+    if not ok:
+        raise GroupError(f"rank {rank}: the cell failed outside your code: {value}")
+    return CellOutcome.from_wire(value)
+
+
 class Dispatch:
     """One cell (or function call) in flight on some ranks of the group of ``core``; ``replace(ranks)`` gives
     ranks stuck after a second interrupt fresh workers."""
@@ -132,10 +141,7 @@ class Dispatch:
         for call in ended + orphans:
             rank = self.pending[call]
             if call.reply is not None:
-                _, ok, value = call.reply
-                if not ok:  # run_cell failed outside the user's code: ours, as a Ray call's error would be
-                    raise GroupError(f"rank {rank}: the cell failed outside your code: {value}")
-                outcome: Optional[CellOutcome] = CellOutcome.from_wire(value)
+                outcome: Optional[CellOutcome] = _from_reply(rank, call.reply)
             else:
                 outcome = self._lost(rank, call, timeout if orphans and not live else 0.0)
             if outcome is not None:
@@ -148,7 +154,6 @@ class Dispatch:
         worker, or a failure when the request never reached it; None while the rank still runs it."""
         slot = self._slot(rank)
         close_channel(slot)  # the next cell opens a new one
-        slot.channel = None
         reply = self._ask([rank], lambda s: s.actor.channel_result.remote(call.channel.token, call.seq, wait_s),
                           timing.CONTROL_CALL_S + wait_s, "what became of the cell sent over the channel")[0]
         if reply.kind is ReplyKind.DIED:
@@ -160,10 +165,7 @@ class Dispatch:
             raise reply.error
         state = reply.value.get("state") if reply.ok else "running"  # late: asked again next round
         if state == "done":
-            _, ok, value = reply.value["reply"]
-            if not ok:
-                raise GroupError(f"rank {rank}: the cell failed outside your code: {value}")
-            return CellOutcome.from_wire(value)
+            return _from_reply(rank, reply.value["reply"])
         if state == "running":
             call.orphan = True
             return None

@@ -108,10 +108,13 @@ class Runner:
             self.core.run_storage.background_error = None
         try:
             partial = len(targets) < self.core.num_workers
-            results = self.dispatch(
-                lambda s, fw, co: s.actor.run_cell_packed.remote([source, cell_id, True, base, partial, fw, wire(co)]),
-                targets, sink, output, shown, quiet_after_s=quiet_after_s, prompt=prompt,
-                packed=lambda co: [source, cell_id, True, base, partial, None, wire(co)])
+
+            def request(fw: Any, co: Any) -> List[Any]:  # Worker.run_cell_packed's one argument
+                return [source, cell_id, True, base, partial, fw, wire(co)]
+
+            results = self.dispatch(lambda s, fw, co: s.actor.run_cell_packed.remote(request(fw, co)),
+                                    targets, sink, output, shown, quiet_after_s=quiet_after_s, prompt=prompt,
+                                    packed=lambda co: request(None, co))
         finally:
             self.core.run_storage.advance(max(self.core.reports_seen(base), 0))
         values = {r: res.value for r, res in results.items()}
