@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from raytrain_nb import WorkerDiedError, WorkerError, WorkerGroup
+from raytrain_nb import GroupError, WorkerDiedError, WorkerError, WorkerGroup
 from raytrain_nb._internal.group.channels import Channel
 from raytrain_nb._internal.output import CollectSink
 
@@ -91,3 +91,66 @@ def test_a_rank_killed_mid_cell_over_its_channel_is_typed_as_died(ray_session):
         errors = [f.exception() for f in failure["error"].failures]
         assert any(isinstance(e, WorkerDiedError) and e.rank == 1 for e in errors), failure["error"]
         assert g.status()[1].state == "dead"
+
+
+def _weight_sums(g: WorkerGroup):
+    """Every rank's model weights, summed."""
+    quiet(g, "w_sum = float(model.module.weight.sum())")
+    return g.pull("w_sum", rank=None)
+
+
+def test_rollback_and_load_go_over_the_channels_with_the_ray_path_s_results(group):
+    quiet(group, "with torch.no_grad(): model.module.weight.fill_(1.0)\nstep = 5")
+    entry = group.checkpoint(name="over-the-line")
+    quiet(group, "with torch.no_grad(): model.module.weight.fill_(-3.0)\nstep = 9")
+    sent = [c.seq for c in _lines(group)]
+    result = group.rollback("over-the-line")
+    assert [c.seq for c in _lines(group)] == [s + 1 for s in sent], "the rollback should have gone over the channels"
+    assert set(result.restored) >= {"model", "opt"} and "step" in result.changed
+    assert _weight_sums(group) == [10, 10]
+    quiet(group, "with torch.no_grad(): model.module.weight.fill_(2.0)")
+    sent = [c.seq for c in _lines(group)]
+    loaded = group.load(entry.path)
+    assert [c.seq for c in _lines(group)] == [s + 1 for s in sent], "the load should have gone over the channels"
+    assert set(loaded.restored) == set(result.restored) and loaded.verb == "loaded"
+    assert _weight_sums(group) == [10, 10]
+
+
+def test_a_rollback_whose_line_broke_before_it_reached_the_rank_still_rolls_every_rank_back(group):
+    quiet(group, "with torch.no_grad(): model.module.weight.fill_(0.5)")
+    group.checkpoint(name="before-the-break")
+    quiet(group, "with torch.no_grad(): model.module.weight.fill_(7.0)")
+    line = _lines(group)[1]
+    line.sock.shutdown(socket.SHUT_RDWR)  # the driver's end of rank 1's line goes; the rank lives on
+    group.rollback("before-the-break")
+    assert _lines(group)[1] is None, "the lost call should have closed the line (and asked the rank through Ray)"
+    assert [x * 2 for x in _weight_sums(group)] == [10, 10]
+    quiet(group, "pass")
+    assert isinstance(_lines(group)[1], Channel) and _lines(group)[1] is not line, "a new line should be open"
+
+
+def test_a_rollback_that_fails_on_a_rank_raises_the_ray_path_s_error(group, monkeypatch):
+    group.checkpoint(name="then-gone")
+    quiet(group, "extra = opt\ndel opt")
+    errors = []
+    for channel in ("1", "0"):
+        monkeypatch.setenv("RAYTRAIN_NB_CELL_CHANNEL", channel)
+        with pytest.raises(GroupError, match=r"opt \(optimizer\) no longer exist") as info:
+            group.rollback("then-gone")
+        errors.append(str(info.value))
+    assert errors[0] == errors[1], "the channel and Ray paths should fail alike"
+    monkeypatch.setenv("RAYTRAIN_NB_CELL_CHANNEL", "1")
+    quiet(group, "opt = extra\ndel extra")
+
+
+def test_a_rank_dead_before_a_rollback_reached_it_is_named(ray_session):
+    with set_up_group(SETUP) as g:
+        quiet(g, "pass")
+        g.checkpoint(name="before-death")
+        assert all(isinstance(c, Channel) for c in _lines(g))
+        pid = g.status()[1].pid
+        os.kill(pid, signal.SIGKILL)
+        # the monitor may have seen the death first (the group refuses) or not (the line or Ray says it)
+        with pytest.raises((WorkerDiedError, GroupError), match=r"rank(\(s\))? 1\b"):
+            g.rollback("before-death")
+        wait_for(lambda: g.status()[1].state == "dead", 30, "rank 1 to be marked dead")

@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from raytrain_nb._internal.group.channels import Channel, _connect, wait_calls
-from raytrain_nb._internal.worker.channel import CellChannel, frame, read_frame
+from raytrain_nb._internal.group.channels import Channel, _connect, claimed, wait_calls
+from raytrain_nb._internal.worker.channel import CELL, CellChannel, frame, read_frame
 
 from ..waiting import wait_for
 
@@ -35,10 +35,25 @@ class Handler:
 @pytest.fixture
 def served():
     handler = Handler()
-    channel = CellChannel(handler)
+    channel = CellChannel({CELL: handler, "rollback": _rollback})
     yield channel, handler
     if handler.gate is not None:
         handler.gate.set()
+
+
+class Unpicklable(Exception):
+    def __init__(self, message):
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+
+def _rollback(request):
+    """Another method the channel takes: answers a value, or raises its own error."""
+    if request == "missing":
+        raise FileNotFoundError("no snapshot named missing")
+    if request == "unpicklable":
+        raise Unpicklable("holds a lock")
+    return {"restored": [request]}
 
 
 def _held(channel: CellChannel, handler: Handler, request):
@@ -117,6 +132,65 @@ def test_a_failure_outside_the_cell_comes_back_as_such(served):
     call = line.send("fail")
     wait_calls([call], 10)
     assert call.reply[1] is False and "RuntimeError: broken on purpose" in call.reply[2]
+
+
+def test_another_method_answers_its_value(served):
+    channel, handler = served
+    line = _open(channel)
+    call = line.send("model", "rollback")
+    assert wait_calls([call], 10) == [call]
+    assert call.reply == [call.seq, True, {"restored": ["model"]}]
+    assert handler.calls == [], "a method's request should not reach the cell's handler"
+
+
+def test_another_method_s_error_comes_back_as_the_exception_itself(served):
+    channel, _ = served
+    line = _open(channel)
+    call = line.send("missing", "rollback")
+    wait_calls([call], 10)
+    assert call.reply[1] is False and isinstance(call.reply[2], FileNotFoundError)
+    assert "no snapshot named missing" in str(call.reply[2])
+
+
+def test_a_method_the_rank_did_not_give_is_refused_and_runs_nothing(served):
+    channel, handler = served
+    line = _open(channel)
+    call = line.send("anything", "shutdown")
+    wait_calls([call], 10)
+    assert call.reply[1] is False and "no method 'shutdown'" in call.reply[2]
+    after = line.send(["x = 1", 3])  # the line stays good
+    assert wait_calls([after], 10) == [after] and after.reply[1] is True
+    assert handler.calls == [["x = 1", 3]]
+
+
+def test_an_error_that_cannot_travel_comes_back_as_its_words(served):
+    channel, _ = served
+    line = _open(channel)
+    call = line.send("unpicklable", "rollback")
+    wait_calls([call], 10)
+    assert call.reply[1] is False and isinstance(call.reply[2], RuntimeError)
+    assert str(call.reply[2]) == "Unpicklable: holds a lock"
+
+
+def test_a_line_in_use_is_not_claimed_twice(served):
+    channel, _ = served
+    lines = {0: _open(channel), 1: _open(CellChannel({CELL: Handler()}))}
+    seen = []
+    with claimed(lines) as held:
+        assert held is lines
+        thread = threading.Thread(target=lambda: seen.append(claimed(lines).__enter__()))
+        thread.start()
+        thread.join(10)
+        assert seen == [None], "a second thread should get no line while one is held"
+    with claimed(lines) as again:  # and every lock is let go at the end
+        assert again is lines
+    with claimed(None) as none:
+        assert none is None
+
+
+def test_a_channel_needs_the_cell_s_handler():
+    with pytest.raises(ValueError, match="must include 'cell'"):
+        CellChannel({"rollback": _rollback})
 
 
 def test_a_large_outcome_arrives_whole(served):

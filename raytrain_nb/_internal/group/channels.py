@@ -12,12 +12,14 @@ A cell then goes to all its ranks one way: every channel, or every Ray call.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import pickle
 import selectors
 import socket
+import threading
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence
 
 from .. import settings
 from ..worker.channel import HEADER, HELLO, TOKEN_BYTES, frame, proof, read_exact
@@ -46,13 +48,15 @@ class Channel:
         self.seq = 0
         self.broken = False
         self.buf = b""  # bytes read and not yet a whole reply (a reply to a call given up on is read, then dropped)
+        self.lock = threading.Lock()  # held by whoever has calls in flight on it (claimed)
 
-    def send(self, request: List[Any]) -> "ChannelCall":
-        """Send one cell's request (``Worker.run_cell_packed``'s); a send that fails gives a call already lost."""
+    def send(self, request: List[Any], method: Optional[str] = None) -> "ChannelCall":
+        """Send one cell's request (``Worker.run_cell_packed``'s), or ``method``'s (one of the few others the rank's
+        channel takes: ``worker/channel.py``); a send that fails gives a call already lost."""
         self.seq += 1
         call = ChannelCall(self, self.seq)
         try:
-            self.sock.sendall(frame([self.seq, request]))
+            self.sock.sendall(frame([self.seq, request] if method is None else [self.seq, request, method]))
         except OSError:
             call.lost = True
             self.broken = True
@@ -187,6 +191,24 @@ def channels_for(core: "GroupCore", ranks: Sequence[int]) -> Optional[Dict[int, 
     if any(not isinstance(s.channel, Channel) for s in slots.values()):
         return None
     return {r: s.channel for r, s in slots.items()}
+
+
+@contextlib.contextmanager
+def claimed(lines: Optional[Dict[int, Channel]]) -> Iterator[Optional[Dict[int, Channel]]]:
+    """``lines`` while this thread holds every one of them (so two threads never read one socket), else None: one
+    is in use (another thread's call), and the caller goes through Ray instead."""
+    held: List[Channel] = []
+    try:
+        if lines is not None:
+            for channel in lines.values():
+                if not channel.lock.acquire(blocking=False):
+                    lines = None
+                    break
+                held.append(channel)
+        yield lines
+    finally:
+        for channel in held:
+            channel.lock.release()
 
 
 def close_channel(slot: Any) -> None:

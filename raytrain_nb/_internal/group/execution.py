@@ -22,7 +22,7 @@ from ..worker.outcome import CellOutcome
 from ..worker.sharded import ShardedPull
 from . import timing
 from .background import BackgroundRun
-from .channels import channels_for
+from .channels import channels_for, claimed
 from .collectives import CollectiveRounds
 from .dispatch import Dispatch
 from .fanout import FANOUT, ReplyKind
@@ -165,13 +165,14 @@ class Runner:
             try:
                 with self.core.driver_cell(targets) as specs:  # a framework backend's collective for this cell
                     lines = channels_for(self.core, targets) if packed is not None and all(s is None for s in specs) else None
-                    if lines is not None:
-                        refs = {lines[r].send(packed(co)): r for r, co in zip(targets, collectives)}
-                    else:
-                        refs = {submit(self.core.slots[r], spec, co): r
-                                for r, spec, co in zip(targets, specs, collectives)}
-                    run = Dispatch(self.core, self.owner.replace, refs, sink, mode, shown, prompt, quiet_after_s)
-                    results = run.collect()
+                    with claimed(lines) as lines:
+                        if lines is not None:
+                            refs = {lines[r].send(packed(co)): r for r, co in zip(targets, collectives)}
+                        else:
+                            refs = {submit(self.core.slots[r], spec, co): r
+                                    for r, spec, co in zip(targets, specs, collectives)}
+                        run = Dispatch(self.core, self.owner.replace, refs, sink, mode, shown, prompt, quiet_after_s)
+                        results = run.collect()
             except BaseException:
                 self._settle({})
                 raise

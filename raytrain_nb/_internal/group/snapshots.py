@@ -19,6 +19,7 @@ from ..errors import CheckpointError, WorkerLostError
 from ..waits import get_within, join_within, wait_within
 from ..worker.snapshot_io import read_meta, state_files
 from . import timing
+from .channel_calls import collect_over
 from .fanout import FANOUT, ReplyKind, classify
 from .state import GroupState
 
@@ -170,8 +171,7 @@ def rollback(core: "GroupCore", name_or_index: Union[str, int], run: Optional[st
     # once here, not on every rank: a committed directory does not change
     files, meta = state_files(entry.path), read_meta(entry.path)
     request = [entry.path, allow_pickle, files, meta]  # one argument a rank (Worker.rollback_packed)
-    results = core.collect([s.actor.rollback_packed.remote(request) for s in core.slots],
-                           timing.SNAPSHOT_WRITE_S, "roll back", collective=True)
+    results = _on_every_rank(core, "rollback", request, meta, "roll back")
     changed = sorted({n for r in results for n in r["changed"]})
     if core.mirrors.sharded:  # the buddies keep the rolled-back shards
         core.mirrors.refresh_safely(core)
@@ -186,10 +186,22 @@ def load(core: "GroupCore", source: Any, allow_pickle: bool) -> RollbackResult:
     files, meta = state_files(url), read_meta(url)  # on the driver, once: a wrong one fails before any rank loads
     wait_background(core)
     request = [url, allow_pickle, files, meta]  # one argument a rank (Worker.load_state_packed)
-    results = core.collect([s.actor.load_state_packed.remote(request) for s in core.slots],
-                           timing.SNAPSHOT_WRITE_S, "load a checkpoint into", collective=True)
+    results = _on_every_rank(core, "load_state", request, meta, "load a checkpoint into")
     changed = sorted({n for r in results for n in r["changed"]})
     if core.mirrors.sharded:  # the buddies keep the loaded shards
         core.mirrors.refresh_safely(core)
     core.event("load", checkpoint=url, report_index=core.run_storage.report_base - 1)
     return RollbackResult(url, results[0]["restored"], changed, verb="loaded")
+
+
+def _on_every_rank(core: "GroupCore", method: str, request: List[Any], meta: Dict[str, Any],
+                   what: str) -> List[Dict[str, Any]]:
+    """Every rank's answer to ``Worker.<method>_packed(request)``: over the ranks' channels where the state holds
+    no sharded part (each rank loads its own files: nothing meets in a collective), else as Ray calls whose
+    ranks are released from the process group's collectives once one of them died."""
+    if not meta.get("sharded"):
+        answers = collect_over(core, method, request, timing.SNAPSHOT_WRITE_S, what)
+        if answers is not None:
+            return answers
+    return core.collect([getattr(s.actor, f"{method}_packed").remote(request) for s in core.slots],
+                        timing.SNAPSHOT_WRITE_S, what, collective=True)

@@ -23,7 +23,7 @@ from . import cell as cellmod
 from . import snapshot_io
 from .capture import OutputBuffer, OutputCapture
 from .channel import CONTROL_METHODS as CHANNEL_CALLS
-from .channel import ChannelWorker
+from .channel import CELL, ChannelWorker
 from .cell_thread import CellThread, to_cpu
 from .checkpointing import CheckpointingWorker
 from .collective import CONTROL_METHODS as COLLECTIVE_CALLS
@@ -68,7 +68,9 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWor
         self._cells = CellThread()
         self._lock = threading.Lock()
         self._node_peers = NodePeers()  # the leader's side of a node's combined poll
-        self._init_channel(self.run_cell_packed)  # cells from a driver on this machine (channel.py)
+        # cells from a driver on this machine (channel.py), and rollbacks and loads that need no collective
+        self._init_channel({CELL: self.run_cell_packed, "rollback": self.rollback_packed,
+                            "load_state": self.load_state_packed})
         self._in_user = False
         self._interrupt_pending = False
         self._interrupted = False

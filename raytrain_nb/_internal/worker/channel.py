@@ -2,8 +2,9 @@
 
 A Ray actor call costs the caller and the callee about half a millisecond of CPU each (a no-op ``ping`` to 8
 actors: 3.4 ms here); the same request over a connected loopback socket costs tens of microseconds. So a driver
-on the rank's machine opens this channel (``Worker.open_channel``, a Ray call) and sends its cells over it; every
-other call (polls, interrupts, snapshots, forming) stays a Ray call.
+on the rank's machine opens this channel (``Worker.open_channel``, a Ray call) and sends its cells over it, and
+the rollbacks and loads that need no collective; every other call (polls, interrupts, snapshots, forming) stays
+a Ray call.
 
 - **Who may send:** the socket listens on 127.0.0.1 only. A connection must first send the token the last
   ``open`` returned (32 hex characters); anything else is closed unanswered. The answer to a good token proves
@@ -13,7 +14,10 @@ other call (polls, interrupts, snapshots, forming) stays a Ray call.
 - **Frames:** a 4-byte big-endian length, then a pickle. A request is ``[seq, request]`` with ``request`` as
   ``Worker.run_cell_packed`` takes it; a reply is ``[seq, True, outcome]`` (``CellOutcome.to_wire()``) or
   ``[seq, False, "TypeName: message"]`` when the call itself failed (ours, not the cell's: a cell's error is in
-  its outcome).
+  its outcome). ``[seq, request, method]`` calls one of the few other methods the rank gave (:data:`CELL` is
+  the cell's; rollback and load: the ``*_packed`` methods, whose calls cost the same Ray call a cell did); its
+  failure comes back as the exception itself (``[seq, False, exc]``), as a Ray call would raise it. No other
+  method can be reached.
 - **A lost line:** the last reply is kept by its connection's token and ``seq`` (:meth:`CellChannel.result`), so a
   driver whose connection broke while the rank lived asks for it through Ray instead. A request is "unknown"
   (it never arrived) only once its connection was read to its end.
@@ -80,11 +84,18 @@ def read_frame(sock: socket.socket) -> Optional[Any]:
     return None if body is None else pickle.loads(body)
 
 
-class CellChannel:
-    """The listening side of a rank's channel; ``handle(request)`` runs one cell (``Worker.run_cell_packed``)."""
+#: The method of a two-item request: a cell.
+CELL = "cell"
 
-    def __init__(self, handle: Callable[[List[Any]], List[Any]]) -> None:
-        self._handle = handle
+
+class CellChannel:
+    """The listening side of a rank's channel; ``handlers[method](request)`` runs one request (``handlers[CELL]``,
+    ``Worker.run_cell_packed``, one cell)."""
+
+    def __init__(self, handlers: Dict[str, Callable[[List[Any]], Any]]) -> None:
+        if CELL not in handlers:
+            raise ValueError(f"a channel's handlers must include {CELL!r}, got {sorted(handlers)}")
+        self._handlers = dict(handlers)
         self._lock = threading.Lock()
         self._listener: Optional[socket.socket] = None
         self._token = ""
@@ -120,6 +131,19 @@ class CellChannel:
             if self._last[0] == key:
                 return {"state": "done", "reply": self._last[1]}
             return {"state": "unknown" if settled() else "running"}
+
+    def _reply(self, seq: int, request: Any, method: str) -> List[Any]:
+        """``[seq, True, value]`` of ``method`` on ``request``, or ``[seq, False, ...]`` when it raised."""
+        handler = self._handlers.get(method)
+        if handler is None:
+            return [seq, False, f"LookupError: no method {method!r} on this channel (it takes {sorted(self._handlers)})"]
+        try:
+            return [seq, True, handler(request)]
+        except Exception as exc:  # noqa: BLE001 - a cell: our failure, not the cell's; another method: its answer
+            if method == CELL:
+                logger.exception("the cell that came over the channel failed outside user code")
+                return [seq, False, f"{type(exc).__name__}: {exc}"]
+            return [seq, False, _sendable(exc)]
 
     def _accept(self) -> None:
         listener = self._listener
@@ -161,14 +185,10 @@ class CellChannel:
                 message = read_frame(conn)
                 if message is None:
                     return
-                seq, request = message
+                seq, request, method = (message + [CELL])[:3]
                 with self._lock:
                     self._running = (token, seq)
-                try:
-                    reply: List[Any] = [seq, True, self._handle(request)]
-                except Exception as exc:  # noqa: BLE001 - our failure, not the cell's: the driver raises it
-                    logger.exception("the cell that came over the channel failed outside user code")
-                    reply = [seq, False, f"{type(exc).__name__}: {exc}"]
+                reply = self._reply(seq, request, method)
                 with self._done:
                     self._running, self._last = None, ((token, seq), reply)
                     self._done.notify_all()
@@ -194,8 +214,8 @@ class ChannelWorker:
 
     _channel: CellChannel
 
-    def _init_channel(self, handle: Callable[[List[Any]], List[Any]]) -> None:
-        self._channel = CellChannel(handle)
+    def _init_channel(self, handlers: Dict[str, Callable[[List[Any]], Any]]) -> None:
+        self._channel = CellChannel(handlers)
 
     def open_channel(self) -> Dict[str, Any]:
         """Listen for cells on a loopback socket: ``{"port", "token", "pid"}`` to connect with."""
@@ -204,6 +224,15 @@ class ChannelWorker:
     def channel_result(self, token: str, seq: int, wait_s: float) -> Dict[str, Any]:
         """What became of request ``seq`` of the connection ``token`` opened (its driver's line broke)."""
         return self._channel.result(token, seq, wait_s)
+
+
+def _sendable(exc: BaseException) -> BaseException:
+    """``exc`` when it pickles (ours do), else a ``RuntimeError`` with its type and message."""
+    try:
+        pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
+        return exc
+    except Exception:  # noqa: BLE001 - a user's exception that cannot travel: its words do
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
 def _close(sock: socket.socket) -> None:
