@@ -89,21 +89,20 @@ def release_ranks(slots: Sequence[Slot]) -> None:
 
 def await_settled(slots: Sequence[Slot], deadline_s: float) -> None:
     """Before a new formation: wait until no rank is still in an earlier, failed one (a rank whose peer died
-    while it connected gives up within the worker's formation timeout). Ranks still forming are released
-    first, so they give up at once where they can.
+    while it connected gives up within the worker's formation timeout). Ranks still in it are released at every
+    check, so each gives up at once where it can: a rank that reached the rendezvous after one release (it was
+    still leaving its old group, or not yet connected) would otherwise wait there for the whole formation
+    timeout, once for each of its waits.
 
     Raises:
         GroupError: a rank is still in the earlier formation after ``deadline_s``, naming it.
     """
     start = time.monotonic()
-    released = False
     while True:
         busy = [r for r, act in _activities(slots, range(len(slots))).items() if act.get("call") in _STEP_WORDS]
         if not busy:
             return
-        if not released:
-            released = True
-            release_ranks([slots[r] for r in busy])
+        release_ranks([slots[r] for r in busy])
         if time.monotonic() - start > deadline_s:
             raise GroupError(f"rank(s) {', '.join(map(str, busy))} are still in an earlier formation of the process "
                              f"group after {deadline_s:g} s: %dist_status shows them; %dist_restart replaces them")
