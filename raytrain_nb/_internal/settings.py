@@ -48,8 +48,8 @@ class Setting:
 #: Train's ``TorchConfig`` default for a process group's collectives).
 DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
 CELL_CHANNEL = Setting("RAYTRAIN_NB_CELL_CHANNEL", "bool", "1",
-                       "`0` sends cells to ranks on the driver's machine as Ray calls, not over their loopback "
-                       "connection")
+                       "`0` sends cells, pulls, rollbacks and loads to ranks on the driver's machine as Ray calls, "
+                       "not over their loopback connection")
 COLLECTIVE_TIMEOUT_S = Setting("RAYTRAIN_NB_COLLECTIVE_TIMEOUT_S", "float", "1800",
                                "seconds a rank waits in `collective.barrier()` or `broadcast_from_rank_zero()` for "
                                "the other ranks before it fails naming those that did not arrive")

@@ -28,8 +28,8 @@ def test_cells_to_ranks_on_this_machine_go_over_their_channels(group):
     assert all(isinstance(c, Channel) for c in _lines(group))
     sent = [c.seq for c in _lines(group)]
     quiet(group, "import raytrain_nb as train\ny = x + 2 + train.get_context().get_world_rank()")
-    assert group.pull("y", rank=None) == [42, 43]
     assert [c.seq for c in _lines(group)] == [s + 1 for s in sent], "the cell should have gone over the channels"
+    assert group.pull("y", rank=None) == [42, 43]
 
 
 def test_with_the_channel_off_cells_go_as_ray_calls_with_the_same_results(ray_session, monkeypatch):
@@ -154,3 +154,21 @@ def test_a_rank_dead_before_a_rollback_reached_it_is_named(ray_session):
         with pytest.raises((WorkerDiedError, GroupError), match=r"rank(\(s\))? 1\b"):
             g.rollback("before-death")
         wait_for(lambda: g.status()[1].state == "dead", 30, "rank 1 to be marked dead")
+
+
+def test_pulls_go_over_the_channels_and_fail_as_ray_calls_do(group, monkeypatch):
+    quiet(group, "big = torch.arange(3_000_000, dtype=torch.float64) + rank")  # 24 MB: more than one read
+    sent = [c.seq for c in _lines(group)]
+    pulled = group.pull("big", rank=None)
+    assert [c.seq for c in _lines(group)] == [s + 1 for s in sent], "the pull should have gone over the channels"
+    assert [float(t[0]) for t in pulled] == [0.0, 1.0] and all(t.numel() == 3_000_000 for t in pulled)
+    assert group.pull("rank", rank=1) == 1 and _lines(group)[1].seq == sent[1] + 2
+    errors = []
+    for channel in ("1", "0"):
+        monkeypatch.setenv("RAYTRAIN_NB_CELL_CHANNEL", channel)
+        with pytest.raises(GroupError, match=r"name 'nowhere' is not defined on rank 0, 1") as info:
+            group.pull("nowhere", rank=None)
+        errors.append(str(info.value))
+    assert errors[0] == errors[1]
+    monkeypatch.setenv("RAYTRAIN_NB_CELL_CHANNEL", "1")
+    quiet(group, "del big")

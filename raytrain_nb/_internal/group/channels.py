@@ -47,7 +47,9 @@ class Channel:
         self.token = token  # what the rank knows this connection by (Worker.channel_result)
         self.seq = 0
         self.broken = False
-        self.buf = b""  # bytes read and not yet a whole reply (a reply to a call given up on is read, then dropped)
+        # bytes read and not yet a whole reply (a reply to a call given up on is read, then dropped); grown in
+        # place, so a large reply (a pulled model) costs one copy of each chunk, not one of all before it
+        self.buf = bytearray()
         self.lock = threading.Lock()  # held by whoever has calls in flight on it (claimed)
 
     def send(self, request: List[Any], method: Optional[str] = None) -> "ChannelCall":
@@ -107,8 +109,9 @@ class ChannelCall:
             end = HEADER.size + HEADER.unpack_from(channel.buf)[0]
             if len(channel.buf) < end:
                 return
-            reply = pickle.loads(channel.buf[HEADER.size:end])
-            channel.buf = channel.buf[end:]
+            with memoryview(channel.buf) as view:
+                reply = pickle.loads(view[HEADER.size:end])
+            del channel.buf[:end]
             if reply[0] == self.seq:
                 self.reply = reply
 

@@ -22,6 +22,7 @@ from ..worker.outcome import CellOutcome
 from ..worker.sharded import ShardedPull
 from . import timing
 from .background import BackgroundRun
+from .channel_calls import ask_over
 from .channels import channels_for, claimed
 from .collectives import CollectiveRounds
 from .dispatch import Dispatch
@@ -235,8 +236,14 @@ class Runner:
         if self.core.state is GroupState.SHUTDOWN:
             self.core.check_not_running()
         targets = self.targets(None if rank is None else [rank])
-        replies = FANOUT.ask([self.core.slots[r] for r in targets], lambda s: s.actor.pull.remote(name),
-                             timing.PULL_S, f"{name!r} from rank(s) {', '.join(map(str, targets))}", ranks=targets)
+        what = f"{name!r} from rank(s) {', '.join(map(str, targets))}"
+
+        def call(slot: Slot) -> Any:
+            return slot.actor.pull.remote(name)
+
+        replies = ask_over(self.core, targets, "pull", name, timing.PULL_S, what, call)  # None: Ray calls
+        if replies is None:
+            replies = FANOUT.ask([self.core.slots[r] for r in targets], call, timing.PULL_S, what, ranks=targets)
         late = replies.ranks(ReplyKind.LATE)
         if late:
             raise GroupError(f"cannot pull {name!r}: rank(s) {', '.join(map(str, late))} did not answer within "

@@ -199,9 +199,11 @@ def _on_every_rank(core: "GroupCore", method: str, request: List[Any], meta: Dic
     """Every rank's answer to ``Worker.<method>_packed(request)``: over the ranks' channels where the state holds
     no sharded part (each rank loads its own files: nothing meets in a collective), else as Ray calls whose
     ranks are released from the process group's collectives once one of them died."""
+    def call(slot: Any) -> Any:
+        return getattr(slot.actor, f"{method}_packed").remote(request)
+
     if not meta.get("sharded"):
-        answers = collect_over(core, method, request, timing.SNAPSHOT_WRITE_S, what)
+        answers = collect_over(core, method, request, timing.SNAPSHOT_WRITE_S, what, call)
         if answers is not None:
             return answers
-    return core.collect([getattr(s.actor, f"{method}_packed").remote(request) for s in core.slots],
-                        timing.SNAPSHOT_WRITE_S, what, collective=True)
+    return core.collect([call(s) for s in core.slots], timing.SNAPSHOT_WRITE_S, what, collective=True)

@@ -68,9 +68,9 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWor
         self._cells = CellThread()
         self._lock = threading.Lock()
         self._node_peers = NodePeers()  # the leader's side of a node's combined poll
-        # cells from a driver on this machine (channel.py), and rollbacks and loads that need no collective
+        # cells from a driver on this machine (channel.py); rollbacks and loads that need no collective; pulls
         self._init_channel({CELL: self.run_cell_packed, "rollback": self.rollback_packed,
-                            "load_state": self.load_state_packed})
+                            "load_state": self.load_state_packed, "pull": self.pull})
         self._in_user = False
         self._interrupt_pending = False
         self._interrupted = False

@@ -2,9 +2,9 @@
 
 A Ray actor call costs the caller and the callee about half a millisecond of CPU each (a no-op ``ping`` to 8
 actors: 3.4 ms here); the same request over a connected loopback socket costs tens of microseconds. So a driver
-on the rank's machine opens this channel (``Worker.open_channel``, a Ray call) and sends its cells over it, and
-the rollbacks and loads that need no collective; every other call (polls, interrupts, snapshots, forming) stays
-a Ray call.
+on the rank's machine opens this channel (``Worker.open_channel``, a Ray call) and sends its cells over it, its
+pulls, and the rollbacks and loads that need no collective; every other call (polls, interrupts, snapshots,
+forming) stays a Ray call.
 
 - **Who may send:** the socket listens on 127.0.0.1 only. A connection must first send the token the last
   ``open`` returned (32 hex characters); anything else is closed unanswered. The answer to a good token proves
@@ -15,7 +15,7 @@ a Ray call.
   ``Worker.run_cell_packed`` takes it; a reply is ``[seq, True, outcome]`` (``CellOutcome.to_wire()``) or
   ``[seq, False, "TypeName: message"]`` when the call itself failed (ours, not the cell's: a cell's error is in
   its outcome). ``[seq, request, method]`` calls one of the few other methods the rank gave (:data:`CELL` is
-  the cell's; rollback and load: the ``*_packed`` methods, whose calls cost the same Ray call a cell did); its
+  the cell's; rollback and load: the ``*_packed`` methods; pull), whose Ray calls cost what a cell's did; its
   failure comes back as the exception itself (``[seq, False, exc]``), as a Ray call would raise it. No other
   method can be reached.
 - **A lost line:** the last reply is kept by its connection's token and ``seq`` (:meth:`CellChannel.result`), so a
