@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from ..backend import process_group_state
 from ..errors import RecoveryError
 from . import transfer
+from .flat_broadcast import broadcast_tensors
 from .sharded import class_name
 from .snapshot import Tracked, find_tracked, fingerprint
 from .walk import top_name
@@ -158,23 +159,25 @@ def sync_replicated(namespace: Dict[str, Any], src: int, fresh: bool, rank_speci
     tracked = find_tracked(namespace, strict=False)
     ref = everyone[src]
     counts = {"modules": 0, "objects": 0, "variables": 0}
+    tensors: List[Any] = []
     for path, shapes in sorted(ref["modules"].items()):
         if all(e["modules"].get(path) == shapes for e in everyone):
-            with torch.no_grad():
-                for tensor in tracked.modules[path].state_dict().values():
-                    dist.broadcast(tensor, src=src)
+            tensors.extend(tracked.modules[path].state_dict().values())
             counts["modules"] += 1
         else:
             logger.warning("model %r differs across ranks; not synchronised", path)
+    with torch.no_grad():  # every model's tensors in a few packed broadcasts, not one each
+        counts["collectives"] = broadcast_tensors(tensors, src)
     stateful = {**tracked.optimizers, **tracked.schedulers, **tracked.scalers}
-    for kind in ("optimizers", "schedulers", "scalers"):
-        for path in ref[kind]:
-            if all(path in e[kind] for e in everyone):
-                box = [stateful[path].state_dict() if dist.get_rank() == src else None]
-                dist.broadcast_object_list(box, src=src)
-                if dist.get_rank() != src:
-                    stateful[path].load_state_dict(box[0])
-                counts["objects"] += 1
+    paths = [path for kind in ("optimizers", "schedulers", "scalers") for path in ref[kind]
+             if all(path in e[kind] for e in everyone)]
+    if paths:  # every optimizer, scheduler and scaler in one broadcast
+        box = [{path: stateful[path].state_dict() for path in paths} if dist.get_rank() == src else None]
+        dist.broadcast_object_list(box, src=src)
+        if dist.get_rank() != src:
+            for path in paths:
+                stateful[path].load_state_dict(box[0][path])
+        counts["objects"] = len(paths)
     skip = set(rank_specific)
     wanted = sorted(n for n in ref["plain"] if n not in skip) if any(e["fresh"] for e in everyone) else []
     if wanted:
