@@ -6,6 +6,7 @@ import dataclasses
 import json
 import pathlib
 import struct
+import time
 from typing import Any, Dict, Iterator, List
 
 BLOCK = 32 * 1024
@@ -29,6 +30,8 @@ def records(path: pathlib.Path) -> Iterator[Any]:
         if kind == 0 and length == 0:
             pos += left
             continue
+        if pos + HEADER + length > len(data):  # a chunk still being written
+            return
         chunk = data[pos + HEADER:pos + HEADER + length]
         pos += HEADER + length
         parts = chunk if kind in (FULL, FIRST) else parts + chunk
@@ -51,10 +54,25 @@ class Segment:
     artifacts: List[str]
 
 
+def finished_records(folder: pathlib.Path, deadline_s: float = 30.0) -> List[Any]:
+    """The records of the segment in ``folder`` once its file ends with the ``exit`` record ``finish()`` writes
+    (W&B's service writes the file on its own process: it may still be writing when ``finish()`` has returned)."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        paths = list(folder.glob("*.wandb"))
+        got = list(records(paths[0])) if len(paths) == 1 else []
+        if got and got[-1].WhichOneof("record_type") == "exit":
+            return got
+        if time.monotonic() > deadline:
+            kinds = [r.WhichOneof("record_type") for r in got]
+            raise AssertionError(f"{folder}: no finished W&B run file after {deadline_s:.0f} s (files {paths}, "
+                                 f"records {kinds})")
+        time.sleep(0.05)  # polling the service's file for the condition, with the deadline above
+
+
 def read_segment(folder: pathlib.Path) -> Segment:
-    (path,) = folder.glob("*.wandb")
     seg = Segment(folder.name, [], [], [], "", {}, [])
-    for record in records(path):
+    for record in finished_records(folder):
         kind = record.WhichOneof("record_type")
         if kind == "run":  # the run's record (and its updates): id, tags, notes, the config given to init
             seg.run_ids.append(record.run.run_id)
