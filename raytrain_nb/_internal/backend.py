@@ -12,11 +12,13 @@ from __future__ import annotations
 import datetime
 import logging
 import math
-import os
 import socket
 import threading
+import time
 import weakref
-from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Set
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+
+from .sockets import inet_socket_fds, opened_between, shutdown_sockets
 
 logger = logging.getLogger(__name__)
 
@@ -26,52 +28,6 @@ SUPPORTED_BACKENDS = ("gloo", "nccl", "none")
 FORM_TIMEOUT_S = 30.0
 #: The phase a rank reports while it forms the process group (see ``ProcessGroupState.phase``).
 FORMING = "forming the process group"
-
-
-_ESTABLISHED = "01"
-
-
-def _port(address: str) -> int:
-    """The port of a ``/proc/net/tcp`` address (``0100007F:1F90`` -> 8080)."""
-    return int(address.rsplit(":", 1)[1], 16)
-
-
-def _inet_inodes(established_only: bool = False, port: Optional[int] = None) -> Set[str]:
-    inodes: Set[str] = set()
-    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
-        try:
-            with open(table) as fh:
-                next(fh, None)
-                for line in fh:
-                    parts = line.split()
-                    if len(parts) <= 9 or (established_only and parts[3] != _ESTABLISHED):
-                        continue
-                    if port is None or port in (_port(parts[1]), _port(parts[2])):
-                        inodes.add(parts[9])
-        except OSError:
-            continue
-    return inodes
-
-
-def inet_socket_fds(established_only: bool = False, port: Optional[int] = None) -> Dict[int, str]:
-    """Map fd -> socket inode for this process's TCP sockets (listening ones too unless asked; only
-    those with ``port`` at either end when given)."""
-    inet = _inet_inodes(established_only, port)
-    out: Dict[int, str] = {}
-    try:
-        names = os.listdir("/proc/self/fd")
-    except OSError:
-        return out
-    for name in names:
-        try:
-            target = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inode = target[8:-1]
-            if inode in inet:
-                out[int(name)] = inode
-    return out
 
 
 def _reset_group_names(dist: Any) -> None:
@@ -85,26 +41,6 @@ def _reset_group_names(dist: Any) -> None:
     world = getattr(dist.distributed_c10d, "_world", None)
     if world is not None and not dist.is_initialized() and getattr(world, "group_count", 0):
         world.group_count = 0
-
-
-def _shutdown(fds: Dict[int, str]) -> None:
-    """Shut down (not close: the owner still holds the fd) each socket, so whoever blocks on it returns."""
-    for fd in fds:
-        try:
-            sock = socket.socket(fileno=fd)
-        except OSError:
-            continue
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        finally:
-            sock.detach()
-
-
-def _opened(before: Dict[int, str], after: Dict[int, str]) -> Dict[int, str]:
-    """The sockets of ``after`` that were not open (as the same socket) in ``before``."""
-    return {fd: ino for fd, ino in after.items() if before.get(fd) != ino}
 
 
 class ProcessGroupState:
@@ -124,6 +60,8 @@ class ProcessGroupState:
         self.forwards = 0  # forward passes of prepared models (a cell with any is not a setup cell)
         self._master_store: Any = None
         self.phase = ""  # the step of (re-)forming this rank is in, for the driver's liveness check
+        #: Seconds the last :meth:`join` spent in each step (leave, form, sync, rebind, barrier), for the bench.
+        self.join_phases: Dict[str, float] = {}
         self._forming_port: Optional[int] = None  # the rendezvous port while init_process_group runs
 
     @property
@@ -166,7 +104,7 @@ class ProcessGroupState:
             with self._lock:
                 self._forming_port = None
         with self._lock:
-            self._sockets = _opened(before, inet_socket_fds())
+            self._sockets = opened_between(before, inet_socket_fds())
             self.broken = False
             self.generation += 1
         logger.debug("rank %d joined %s group (%d sockets)", rank, backend, len(self._sockets))
@@ -178,7 +116,7 @@ class ProcessGroupState:
         before = inet_socket_fds()
         group = make()
         with self._lock:
-            self._sockets.update(_opened(before, inet_socket_fds()))
+            self._sockets.update(opened_between(before, inet_socket_fds()))
         return group
 
     def set_timeout(self, timeout_s: float) -> None:
@@ -219,14 +157,14 @@ class ProcessGroupState:
         """
         with self._lock:
             if self._forming_port is not None:  # still forming: end the rendezvous, so init fails at once
-                _shutdown(inet_socket_fds(established_only=True, port=self._forming_port))
+                shutdown_sockets(inet_socket_fds(established_only=True, port=self._forming_port))
                 return True
             if self.broken or self.backend == "none":
                 return False
             self.broken = True
             # Connected sockets only: shutting down gloo's listener aborts the process.
             current = inet_socket_fds(established_only=True)
-            _shutdown({fd: inode for fd, inode in self._sockets.items() if current.get(fd) == inode})
+            shutdown_sockets({fd: inode for fd, inode in self._sockets.items() if current.get(fd) == inode})
         if self.backend == "nccl":
             try:
                 import torch.distributed as dist  # torch: loaded on first use, not on import raytrain_nb
@@ -263,26 +201,75 @@ class ProcessGroupState:
         ``prepare_data_loader`` are re-sharded for the new world size. Returns the number of DDP
         wrappers re-bound.
         """
+        laps = self.join_phases = {}
+        lap = _lapper(laps)
         self.destroy()
         self.deferred = False
+        lap("leave")
         try:
             self.phase = FORMING
             self.init(backend, master_addr, master_port, rank, world_size)
+            lap("form")
             if backend == "none":
                 return 0
-            self.phase = "bringing state in line"
-            wrappers = list(sync()) if sync is not None else list(self._wrappers)
-            self.reshard(rank, world_size)
-            self.phase = "re-binding DDP models"
-            for wrapper in wrappers:
-                rebind_ddp(wrapper)
-            self.phase = "finishing"
-            import torch.distributed as dist  # torch: loaded on first use, not on import raytrain_nb
-
-            dist.barrier()  # every rank leaves the step together: one still in it is a protocol error
-            return len(wrappers)
+            return self._bring_in_line(rank, world_size, sync, lap)
         finally:
             self.phase = ""
+
+    def resync(self, sync: Optional[Callable[[], Sequence[Any]]] = None) -> int:
+        """:meth:`join`'s steps after forming, over the process group this rank is in: every rank kept the same
+        intact group (an interrupt that stopped no rank inside a collective: :meth:`sequence` alike on every
+        rank), so leaving it and forming a new one would only cost time. Returns the DDP wrappers re-bound.
+
+        Raises:
+            RuntimeError: this rank has no process group, or it was broken since (then the group re-forms).
+        """
+        if not self.active or self.broken:
+            raise RuntimeError(f"rank {self.rank}'s process group was broken or left since the cell: it re-forms")
+        laps = self.join_phases = {}
+        lap = _lapper(laps)
+        self.deferred = False
+        try:
+            return self._bring_in_line(self.rank, self.world_size, sync, lap)
+        finally:
+            self.phase = ""
+
+    def _bring_in_line(self, rank: int, world_size: int, sync: Optional[Callable[[], Sequence[Any]]],
+                       lap: Callable[[str], None]) -> int:
+        self.phase = "bringing state in line"
+        wrappers = list(sync()) if sync is not None else list(self._wrappers)
+        self.reshard(rank, world_size)
+        lap("sync")
+        self.phase = "re-binding DDP models"
+        for wrapper in wrappers:
+            rebind_ddp(wrapper)
+        lap("rebind")
+        self.phase = "finishing"
+        import torch.distributed as dist  # torch: loaded on first use, not on import raytrain_nb
+
+        dist.barrier()  # every rank leaves the step together: one still in it is a protocol error
+        lap("barrier")
+        return len(wrappers)
+
+    def sequence(self) -> Optional[List[int]]:
+        """How many collectives this rank has issued on each of its process groups (the default group first,
+        then every group made over it, in the order they were made); None without an intact gloo group.
+
+        Every rank with the same numbers, none broken, issued the same collectives, and each returned from
+        them (an interrupt stops Python code only, not a call inside torch): no collective is half done, so
+        after an interrupt the group can be kept (:meth:`resync`). Other backends re-form as before."""
+        if self.backend != "gloo" or self.broken:
+            return None
+        try:
+            import torch.distributed as dist  # torch: loaded on first use, not on import raytrain_nb
+
+            if not dist.is_initialized():
+                return None
+            groups = list(dist.distributed_c10d._world.pg_map)  # creation order; the default group first
+            return [int(g._get_sequence_number_for_group()) for g in groups]
+        except Exception as exc:  # noqa: BLE001 - a torch without the counters: re-form, as before
+            logger.debug("no collective sequence numbers: %s", exc)
+            return None
 
     # -- objects made by prepare_model / prepare_data_loader -------------------------------
 
@@ -316,6 +303,17 @@ class ProcessGroupState:
         """Point every tracked DistributedSampler at this rank's shard of the new world."""
         for sampler in list(self._samplers):
             reshard_sampler(sampler, rank, world_size)
+
+
+def _lapper(laps: Dict[str, float]) -> Callable[[str], None]:
+    """``lap(name)`` stores in ``laps`` the seconds since the previous lap (or since this call)."""
+    mark = [time.perf_counter()]
+
+    def lap(name: str) -> None:
+        now = time.perf_counter()
+        laps[name], mark[0] = now - mark[0], now
+
+    return lap
 
 
 def reshard_sampler(sampler: Any, rank: int, world_size: int) -> None:

@@ -130,6 +130,9 @@ FOREIGN_PRIVATE = {
     "_load_state_dict_pre_hooks": "torch: as _state_dict_pre_hooks",
     "_load_state_dict_post_hooks": "torch: as _state_dict_pre_hooks (each FSDP2 parameter's copy into its shard)",
     "_orig_cls_mro_index": "torch FSDP2: where a sharded module's own class is in its class's MRO",
+    "_world": "torch: every process group this rank is in (its pg_map), whose collectives an interrupt counts",
+    "_get_sequence_number_for_group": "torch: how many collectives a group issued, alike on every rank when an "
+                                      "interrupt left none half done (the group is kept)",
 }
 #: Our markers on other libraries' objects (a function we wrapped, a DDP wrapper, IPython's shell): prefixed so
 #: they never clash with the object's own attributes.
