@@ -155,3 +155,47 @@ def test_soak_interrupts_and_divergent_errors_leak_nothing(group):
         assert fd1 <= fd0 + 2, f"file descriptors grew from {fd0} to {fd1}"
         assert th1 <= th0 + 1, f"threads grew from {th0} to {th1}"
     assert_trains_identically(group)
+
+
+GENERATION = "from raytrain_nb._internal.backend import process_group_state\nprocess_group_state().generation"
+
+
+def _generations(g):
+    values = g.run(GENERATION, output="all", sink=CollectSink()).values
+    return [int(values[r][0]["text/plain"]) for r in sorted(values)]
+
+
+def _interrupted(g, source, marker):
+    """Run ``source`` until ``marker`` is printed, interrupt it, and return the ``WorkerError`` it ended with."""
+    sink = EventSink(marker)
+    box = {}
+    runner = threading.Thread(target=lambda: box.setdefault("exc", _expect_error(g, source, sink)))
+    runner.start()
+    assert sink.seen.wait(60)
+    g.interrupt()
+    runner.join(30)
+    assert not runner.is_alive()
+    return box["exc"]
+
+
+def test_an_interrupt_outside_any_collective_keeps_the_process_group_and_brings_ranks_in_line(group):
+    before = _generations(group)
+    exc = _interrupted(group, "import time\nwith torch.no_grad():\n    model.module.weight.add_(rank)\n"
+                              "    opt.state.clear()\nprint('diverged', flush=True)\nwhile True:\n    time.sleep(0.01)",
+                       "diverged")
+    assert set(exc.type_names) == {"KeyboardInterrupt"}
+    assert _generations(group) == before  # the same process group: not left and formed again
+    assert_ranks_identical(rank_params(group), "parameters")  # rank 1's change undone from rank 0
+    assert_trains_identically(group)
+
+
+def test_an_interrupt_between_a_collective_and_its_peer_re_forms_the_group(group):
+    """Rank 0 has begun an all-reduce rank 1 never joins: their counts differ, so keeping the group would pair
+    rank 1's next collective with it; the group is formed again instead."""
+    before = _generations(group)
+    exc = _interrupted(group, "import time, torch.distributed as dist\n"
+                              "if rank == 0:\n    pending = dist.all_reduce(torch.ones(4), async_op=True)\n"
+                              "print('issued', flush=True)\nwhile True:\n    time.sleep(0.01)", "issued")
+    assert set(exc.type_names) == {"KeyboardInterrupt"}
+    assert [a > b for a, b in zip(_generations(group), before)] == [True, True]
+    assert_trains_identically(group)

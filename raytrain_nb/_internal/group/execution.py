@@ -27,6 +27,7 @@ from .channels import channels_for, claimed
 from .collectives import CollectiveRounds
 from .dispatch import Dispatch
 from .fanout import FANOUT, ReplyKind
+from .formation import group_intact
 from .mirrors import pull_sharded
 from .recovery import ON_FAILURE, recover_and_retry
 from .slots import Slot
@@ -192,7 +193,8 @@ class Runner:
         broken = run.released or any(res.pg_broken or res.interrupted for res in results.values())
         replaced = any(res.replaced for res in results.values())
         if not dead and not replaced and broken and self.core.kind.process_group:
-            self.formation.reform()
+            self.formation.reform(keep_group=group_intact(list(results.values()), len(self.core.slots),
+                                                          run.released))
         if failures:
             released = sorted(r for r, res in results.items() if res.failure is not None and res.failure.collateral)
             raise WorkerError(failures, released=released if len(released) < len(failures) else (),

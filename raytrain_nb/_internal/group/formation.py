@@ -35,6 +35,19 @@ def loopback_env(local: bool) -> Dict[str, str]:
     return {"GLOO_SOCKET_IFNAME": value, "NCCL_SOCKET_IFNAME": value}
 
 
+def group_intact(outcomes: Sequence[Any], world_size: int, released: bool) -> bool:
+    """Whether a cell's ranks may keep their process group: every one of the ``world_size`` ranks answered, none
+    was released from a collective (``released``, or its group broken), and each counts the same collectives
+    issued on each of its groups (``CellOutcome.pg_sequence``): every collective begun was finished on every rank,
+    so none is left half done in the group."""
+    if released or len(outcomes) != world_size or not outcomes:
+        return False
+    sequences = [getattr(o, "pg_sequence", None) for o in outcomes]
+    if any(o.pg_broken or o.dead or o.replaced for o in outcomes) or any(not seq for seq in sequences):
+        return False
+    return all(list(seq) == list(sequences[0]) for seq in sequences)
+
+
 class Formation:
     """How a group starts workers and (re-)forms its process group, over its ``core``."""
 
@@ -108,14 +121,16 @@ class Formation:
         return infos
 
     def rendezvous(self, method: str, src: int = 0, fresh: Sequence[int] = (), anew: bool = False,
-                   keep_shards: bool = False) -> List[Any]:
+                   keep_shards: bool = False, keep_group: bool = False) -> List[Any]:
         """Form the process group over the core's slots in rank order.
 
         ``setup`` on a new group; ``join`` to re-form one (after an interrupt,
         a failure or a resize), broadcasting replicated state from rank ``src``;
         ranks in ``fresh`` also receive what they lack. ``anew``: every rank is new (a restart from a
         checkpoint with no survivor), none receives anything. ``keep_shards``: the same ranks re-form, each
-        keeping its own shards of sharded models (moved to the new group). Returns each rank's answer.
+        keeping its own shards of sharded models (moved to the new group). ``keep_group``: every rank keeps the
+        intact process group it is in and only brings its state in line over it (no rendezvous store is opened).
+        Returns each rank's answer.
         """
         core, slots = self.core, list(self.core.slots)
         await_settled(slots, SETTLE_S)
@@ -133,7 +148,7 @@ class Formation:
         local = len({s.info["node_id"] for s in slots}) == 1
         addr = LOOPBACK if local else master.info["node_ip"]
         port = 0
-        if core.kind.process_group:
+        if core.kind.process_group and not keep_group:
             port = core.collect([master.actor.open_store.remote(addr, len(slots))], CONTROL_START_S, "start")[0]
         refs = []
         for rank, (slot, info) in enumerate(zip(slots, infos)):
@@ -142,7 +157,7 @@ class Formation:
                 refs.append(slot.actor.setup.remote(ctx, env, core.backend, addr, port))
             else:
                 refs.append(slot.actor.join.remote(ctx, env, addr, port, src, rank in fresh,
-                                                   sorted(core.rank_specific), keep_shards))
+                                                   sorted(core.rank_specific), keep_shards, keep_group))
         step = "_setup" if method == "setup" else "_join"
         results = await_step(slots, refs, step, core.settings.start_timeout_s, core.heartbeat_s)
         self.note_missing(results)
@@ -163,7 +178,19 @@ class Formation:
                 logger.warning("%s", line)
                 self.core.replay_failures.append(line)
 
-    def reform(self) -> None:
+    def reform(self, keep_group: bool = False) -> None:
         """Form the process group again over the same workers (after an interrupt or a broken collective); sharded
-        models keep their shards, moved onto the new group."""
+        models keep their shards, moved onto the new group.
+
+        ``keep_group`` (:func:`group_intact` said so): the ranks first try to keep the process group they are in,
+        bringing their state in line over it as re-forming does; when that fails on any rank (its group was
+        broken since), the ranks are released and the group re-forms."""
+        if keep_group:
+            try:
+                self.rendezvous("join", keep_shards=True, keep_group=True)
+                return
+            except GroupError as exc:  # a RecoveryError too: the ranks were released
+                if any(s.gone for s in self.core.slots):
+                    raise
+                logger.info("keeping the process group failed (%s): it re-forms", exc)
         self.rendezvous("join", keep_shards=True)

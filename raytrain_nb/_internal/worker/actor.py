@@ -22,8 +22,7 @@ from ..errors import RankFailure, failure_from_exception
 from . import cell as cellmod
 from . import snapshot_io
 from .capture import OutputBuffer, OutputCapture
-from .channel import CONTROL_METHODS as CHANNEL_CALLS
-from .channel import CELL, ChannelWorker
+from .channel import CELL, CONTROL_METHODS as CHANNEL_CALLS, ChannelWorker
 from .cell_thread import CellThread, to_cpu
 from .checkpointing import CheckpointingWorker
 from .collective import CONTROL_METHODS as COLLECTIVE_CALLS
@@ -202,6 +201,7 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWor
                 result.forwards = self.pg.forwards
                 result.interrupted = self._interrupted
                 result.pg_broken = self.pg.broken
+                result.pg_sequence = self._kept_group_sequence()
                 self._last_outcome = result  # for a driver that attached while the cell ran (its caller is gone)
                 self._done.set()
         return result

@@ -77,21 +77,27 @@ class FormingWorker:
 
     def join(self, context: Dict[str, Any], env: Dict[str, str], master_addr: str, master_port: int,
              src: int = 0, fresh: bool = False, rank_specific: Sequence[str] = (),
-             keep_shards: bool = False) -> Dict[str, Any]:
+             keep_shards: bool = False, keep_group: bool = False) -> Dict[str, Any]:
         """(Re-)form the process group at the given rank and size; sync state from rank ``src``.
 
         ``keep_shards``: the group re-forms over the same ranks (after an interrupt or a broken collective), so
         this rank's sharded models are sharded again over the new group from their own shards as they are.
+        ``keep_group``: every rank keeps the process group it is in (intact after an interrupt: the driver saw
+        every rank's collective counts alike), and only brings its state in line over it; a rank whose group
+        was broken since raises, and the driver re-forms.
 
         Returns ``{"rebound": DDP wrappers re-bound, "missing": names this fresh rank went without,
-        "received": names it got from rank src, "resharded": sharded models and optimizers moved to the new group}``.
+        "received": names it got from rank src, "resharded": sharded models and optimizers moved to the new group,
+        "phases": seconds in each step of joining}``.
         """
         return self._cells.call(self._join, context, env, master_addr, master_port, src, fresh, rank_specific,
-                                keep_shards)
+                                keep_shards, keep_group)
 
     def _join(self, context: Dict[str, Any], env: Dict[str, str], master_addr: str, master_port: int,
-              src: int, fresh: bool, rank_specific: Sequence[str], keep_shards: bool) -> Dict[str, Any]:
-        own = self._own_shards() if keep_shards and not fresh else None  # taken while the old mesh is there
+              src: int, fresh: bool, rank_specific: Sequence[str], keep_shards: bool,
+              keep_group: bool = False) -> Dict[str, Any]:
+        # taken while the old mesh is there (a kept group keeps its mesh, and the shards on it)
+        own = self._own_shards() if keep_shards and not fresh and not keep_group else None
         self._set_context(context, env)
         out: Dict[str, Any] = {"missing": [], "received": [], "resharded": []}
 
@@ -101,11 +107,21 @@ class FormingWorker:
                 deferred_ddp=self._deferred_ddp)
             return wrappers
 
-        out["rebound"] = self.pg.join(self.pg.backend, master_addr, master_port, self.rank, context["world_size"],
-                                      sync=sync)
+        if keep_group:
+            out["rebound"] = self.pg.resync(sync=sync)
+        else:
+            out["rebound"] = self.pg.join(self.pg.backend, master_addr, master_port, self.rank,
+                                          context["world_size"], sync=sync)
         if own is not None:  # FSDP2 modules still point at the old group, which is gone
             out["resharded"] = self._reshard_own(own)
+        out["phases"] = dict(self.pg.join_phases)
         return out
+
+    def _kept_group_sequence(self) -> Optional[List[int]]:
+        """At a cell's end: after an interrupt, this rank's collective counts (``ProcessGroupState.sequence``), by
+        which the driver sees whether the group may be kept; None otherwise, and where sharded models are held
+        (they re-shard on a new group)."""
+        return self.pg.sequence() if self._interrupted and not self._holds_shards() else None
 
     def refresh_rank_values(self, statements: Sequence[str], names: Sequence[str]) -> Dict[str, Any]:
         """After joining (the new context set): run again the notebook's assignments of rank values

@@ -279,14 +279,16 @@ class MirroringWorker:
             values = [ray.get(m) if isinstance(m, ray.ObjectRef) else m for m in values]
         return self._cells.call(self._reshard, values)
 
+    def _holds_shards(self) -> bool:
+        """Whether this rank's namespace holds sharded (FSDP2) models."""
+        return "torch.distributed.tensor" in sys.modules and bool(find_tracked(self.namespace, strict=False).sharded)
+
     def _own_shards(self) -> Optional[Dict[str, Any]]:
         """On the cell thread, before the group re-forms over the same ranks: this rank's shards as they are now
         (a mirror of itself, no communication), or None where nothing is sharded."""
-        if "torch.distributed.tensor" not in sys.modules:
+        if not self._holds_shards():
             return None
         tracked = find_tracked(self.namespace, strict=False)
-        if not tracked.sharded:
-            return None
         places = {}
         for path, module in tracked.sharded.items():
             mesh = mesh_of(module)

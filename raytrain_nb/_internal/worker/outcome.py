@@ -48,6 +48,9 @@ class CellOutcome:
         duration: seconds the cell ran on the worker.
         dead: the rank's worker died or stopped answering during the cell.
         replaced: the rank's worker was replaced during the cell.
+        pg_sequence: after an interrupt, the collectives the rank issued on each of its process groups when the
+            cell ended (``ProcessGroupState.sequence``; None: not interrupted, no intact gloo group, or sharded
+            models, which re-shard on a new group).
     """
 
     rank: int
@@ -64,6 +67,7 @@ class CellOutcome:
     duration: float = 0.0
     dead: bool = False
     replaced: bool = False
+    pg_sequence: Optional[List[int]] = None
 
     def to_wire(self) -> List[Any]:
         """The fields as a list, in declaration order: what Ray sends back from a cell. A list of plain values goes
