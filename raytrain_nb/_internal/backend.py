@@ -201,8 +201,7 @@ class ProcessGroupState:
         ``prepare_data_loader`` are re-sharded for the new world size. Returns the number of DDP
         wrappers re-bound.
         """
-        laps = self.join_phases = {}
-        lap = _lapper(laps)
+        lap = self._start_laps()
         self.destroy()
         self.deferred = False
         lap("leave")
@@ -226,13 +225,24 @@ class ProcessGroupState:
         """
         if not self.active or self.broken:
             raise RuntimeError(f"rank {self.rank}'s process group was broken or left since the cell: it re-forms")
-        laps = self.join_phases = {}
-        lap = _lapper(laps)
+        lap = self._start_laps()
         self.deferred = False
         try:
             return self._bring_in_line(self.rank, self.world_size, sync, lap)
         finally:
             self.phase = ""
+
+    def _start_laps(self) -> Callable[[str], None]:
+        """A fresh :attr:`join_phases`, and ``lap(name)``, which stores there the seconds since the previous lap."""
+        laps: Dict[str, float] = {}
+        self.join_phases = laps
+        mark = [time.perf_counter()]
+
+        def lap(name: str) -> None:
+            now = time.perf_counter()
+            laps[name], mark[0] = now - mark[0], now
+
+        return lap
 
     def _bring_in_line(self, rank: int, world_size: int, sync: Optional[Callable[[], Sequence[Any]]],
                        lap: Callable[[str], None]) -> int:
@@ -303,17 +313,6 @@ class ProcessGroupState:
         """Point every tracked DistributedSampler at this rank's shard of the new world."""
         for sampler in list(self._samplers):
             reshard_sampler(sampler, rank, world_size)
-
-
-def _lapper(laps: Dict[str, float]) -> Callable[[str], None]:
-    """``lap(name)`` stores in ``laps`` the seconds since the previous lap (or since this call)."""
-    mark = [time.perf_counter()]
-
-    def lap(name: str) -> None:
-        now = time.perf_counter()
-        laps[name], mark[0] = now - mark[0], now
-
-    return lap
 
 
 def reshard_sampler(sampler: Any, rank: int, world_size: int) -> None:

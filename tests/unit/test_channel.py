@@ -241,6 +241,8 @@ def test_a_reply_survives_its_driver_leaving(served):
     line.close()
     handler.gate.set()
     wait_for(lambda: channel.result(line.token, call.seq, 0.01)["state"] == "done", 10, "the worker to keep the reply")
+    kept = channel.result(line.token, call.seq, 0.01)
+    assert kept["reply"] == [call.seq, True, ["outcome of", ["orphaned", 3]]], kept
 
 
 def test_a_request_sent_just_before_the_line_closed_is_not_called_lost(served):

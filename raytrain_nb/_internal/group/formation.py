@@ -42,10 +42,9 @@ def group_intact(outcomes: Sequence[Any], world_size: int, released: bool) -> bo
     so none is left half done in the group."""
     if released or len(outcomes) != world_size or not outcomes:
         return False
-    sequences = [getattr(o, "pg_sequence", None) for o in outcomes]
-    if any(o.pg_broken or o.dead or o.replaced for o in outcomes) or any(not seq for seq in sequences):
+    if any(o.pg_broken or o.dead or o.replaced or not o.pg_sequence for o in outcomes):
         return False
-    return all(list(seq) == list(sequences[0]) for seq in sequences)
+    return all(list(o.pg_sequence) == list(outcomes[0].pg_sequence) for o in outcomes)
 
 
 class Formation:

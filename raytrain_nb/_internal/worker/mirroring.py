@@ -286,9 +286,11 @@ class MirroringWorker:
     def _own_shards(self) -> Optional[Dict[str, Any]]:
         """On the cell thread, before the group re-forms over the same ranks: this rank's shards as they are now
         (a mirror of itself, no communication), or None where nothing is sharded."""
-        if not self._holds_shards():
+        if "torch.distributed.tensor" not in sys.modules:
             return None
         tracked = find_tracked(self.namespace, strict=False)
+        if not tracked.sharded:
+            return None
         places = {}
         for path, module in tracked.sharded.items():
             mesh = mesh_of(module)
