@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from raytrain_nb import WorkerError, WorkerGroup
+from raytrain_nb import GroupError, WorkerError, WorkerGroup
 from raytrain_nb._internal.output import CollectSink
 
 from ..groups import SETUP, STEP, MarkerSink, assert_ranks_identical, rank_params, set_up_group
@@ -76,7 +76,7 @@ def test_interrupt_releases_a_rank_blocked_in_ddp_backward(group):
 def _expect_error(g, source, sink):
     try:
         g.run(source, sink=sink, output="all")
-    except WorkerError as exc:
+    except (WorkerError, GroupError) as exc:  # GroupError: the re-forming after the interrupt failed
         return exc
     return None
 
@@ -153,15 +153,17 @@ def test_soak_interrupts_and_divergent_errors_leak_nothing(group):
     after = _fd_and_threads(group)
     for (fd0, th0), (fd1, th1) in zip(before, after):
         assert fd1 <= fd0 + 2, f"file descriptors grew from {fd0} to {fd1}"
-        assert th1 <= th0 + 1, f"threads grew from {th0} to {th1}"
+        # Ray starts an actor's threads for a concurrency group as its calls overlap, up to the group's size (the
+        # control group's 4: interrupts, polls, activity); a leak of one a cycle would pass that in 50 cycles
+        assert th1 <= th0 + 4, f"threads grew from {th0} to {th1}"
     assert_trains_identically(group)
 
 
 GENERATION = "from raytrain_nb._internal.backend import process_group_state\nprocess_group_state().generation"
 
 
-def _generations(g):
-    values = g.run(GENERATION, output="all", sink=CollectSink()).values
+def _generations(g, sink=None):
+    values = g.run(GENERATION, output="all", sink=sink or CollectSink()).values
     return [int(values[r][0]["text/plain"]) for r in sorted(values)]
 
 
@@ -199,3 +201,32 @@ def test_an_interrupt_between_a_collective_and_its_peer_re_forms_the_group(group
     assert set(exc.type_names) == {"KeyboardInterrupt"}
     assert [a > b for a, b in zip(_generations(group), before)] == [True, True]
     assert_trains_identically(group)
+
+
+REFUSE_FORMING_ONCE = """
+import torch.distributed as dist
+if rank == 1:
+    _real_init = dist.init_process_group
+    def _refuse_once(*args, **kwargs):
+        dist.init_process_group = _real_init
+        raise RuntimeError('forming refused once (test)')
+    dist.init_process_group = _refuse_once
+"""
+
+
+def test_a_failed_re_forming_is_reported_then_the_next_cell_forms_the_group_first(group):
+    """The interrupt's re-forming fails on rank 1 (its first init_process_group raises): the interrupted cell
+    ends in that GroupError, with no rank left in the failed forming; the next cell forms the group before it
+    runs (a notice says so), and the ranks train in one group again."""
+    group.run(REFUSE_FORMING_ONCE, sink=CollectSink())
+    before = _generations(group)
+    exc = _interrupted(group, "import time, torch.distributed as dist\n"
+                              "if rank == 0:\n    pending = dist.all_reduce(torch.ones(4), async_op=True)\n"
+                              "print('issued', flush=True)\nwhile True:\n    time.sleep(0.01)", "issued")
+    assert "forming refused once (test)" in str(exc) and "re-form the process group" in str(exc)
+    sink = CollectSink()
+    after = _generations(group, sink)
+    assert any("it forms before this cell" in n for n in sink.notices)
+    assert [a > b for a, b in zip(after, before)] == [True, True]
+    assert_trains_identically(group)
+

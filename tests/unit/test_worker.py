@@ -65,6 +65,40 @@ def test_interrupt_when_idle_does_nothing(worker):
     assert worker.run_cell("1 + 1", 1).value[0]["text/plain"] == "2"
 
 
+def test_interrupt_cancels_the_drivers_cell_still_waiting_behind_another_call(worker):
+    """A cell that arrived while the cell thread was busy with something else (the end of a failed formation)
+    has not begun when the interrupt comes: it is cancelled, and ends with KeyboardInterrupt as it would begin,
+    running none of its code; the cell after it runs."""
+    gate = threading.Event()
+    busy = worker._cells.submit(gate.wait, 30)  # the cell thread is busy, as with a join that has not ended
+    box = {}
+    th = threading.Thread(target=lambda: box.setdefault("res", worker.run_cell("ran = True\nwhile True:\n    pass", 7)))
+    th.start()
+    wait_for(lambda: len(worker._cells._jobs) == 1, 30, "the cell to wait behind the busy call")
+    assert worker.interrupt(cell_id=7)["state"] == "cancelled"
+    gate.set()
+    th.join(10)
+    assert busy.result(5) is True and not th.is_alive()
+    res = box["res"]
+    assert res.failure.type_name == "KeyboardInterrupt" and res.interrupted
+    assert worker.run_cell("'ran' in dir()", 8).value[0]["text/plain"] == "False"
+
+
+def test_an_interrupt_for_a_cell_that_ended_or_never_came_cancels_nothing_later(worker):
+    assert worker.run_cell("a = 1", 3).failure is None
+    assert worker.interrupt(cell_id=3)["state"] == "idle"  # it ended before the interrupt came
+    assert worker.run_cell("a + 1", 4).value[0]["text/plain"] == "2"
+    assert worker.interrupt(cell_id=5)["state"] == "cancelled"  # cell 5 went to other ranks only
+    assert worker.run_cell("a + 2", 6).value[0]["text/plain"] == "3"
+
+
+def test_a_replayed_cell_is_never_cancelled(worker):
+    """Cells a new rank replays (old ids, not sent as the driver's running cell) run whatever was cancelled."""
+    assert worker.interrupt(cell_id=9)["state"] == "cancelled"
+    res = worker._cells.call(worker._run_cell, "b = 5", 2, False)
+    assert res.failure is None and worker.run_cell("b", 10).value[0]["text/plain"] == "5"
+
+
 def test_rank_blocked_in_c_is_reported_with_its_stack(worker):
     th, box = _run_in_thread(worker, "import time\ntime.sleep(2.5)\nafter = True")
     wait_for(lambda: worker.poll()["running"] is not None, 30, "the cell to start")

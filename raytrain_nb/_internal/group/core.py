@@ -104,6 +104,10 @@ class GroupCore:
         self.trackers: Dict[str, Any] = {}  # kind -> the Tracker that group.track() attached (group/tracking.py)
         self._max_report_index = -1
         self._cell_seq = 0
+        #: The id of the cell the driver has sent and waits for (an interrupt cancels it where it has not begun).
+        self.running_cell: Optional[int] = None
+        #: The last forming of the process group failed: the ranks hold none, and the next cell forms it first.
+        self.unformed = False
         #: why this driver no longer drives the group ("" while it does): detached, or taken over (``survival.py``)
         self.taken_by = ""
         #: asks, before each command, whether another driver took the group over (a keep-alive group's custodian)

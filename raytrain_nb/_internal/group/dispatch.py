@@ -287,8 +287,9 @@ class Dispatch:
         self.watch.round_done()
 
     def _interrupt(self) -> None:
-        self._ask(sorted(self.pending.values()), lambda s: s.actor.interrupt.remote(), timing.INTERRUPT_WAIT_S,
-                  "the running ranks to take the interrupt")
+        cell = self.core.running_cell  # cancelled on a rank where it has not begun (it waits behind another call)
+        self._ask(sorted(self.pending.values()), lambda s: s.actor.interrupt.remote(cell_id=cell),
+                  timing.INTERRUPT_WAIT_S, "the running ranks to take the interrupt")
         self._stuck_deadline = time.monotonic() + timing.INTERRUPT_WAIT_S
 
     def _check_stuck(self) -> None:

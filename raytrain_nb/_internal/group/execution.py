@@ -93,6 +93,7 @@ class Runner:
                  setup: Optional[bool], quiet_after_s: float = 0.0,
                  prompt: Optional[Callable[[str], str]] = None) -> CellResult:
         self.core.check_usable()
+        self.form_if_unformed(sink)
         targets = self.targets(ranks)
         cell_id = self.core.next_cell_id()
         if not needs_ipython(source) and not _parses(source):
@@ -114,10 +115,12 @@ class Runner:
             def request(fw: Any, co: Any) -> List[Any]:  # Worker.run_cell_packed's one argument
                 return [source, cell_id, True, base, partial, fw, wire(co)]
 
+            self.core.running_cell = cell_id
             results = self.dispatch(lambda s, fw, co: s.actor.run_cell_packed.remote(request(fw, co)),
                                     targets, sink, output, shown, quiet_after_s=quiet_after_s, prompt=prompt,
                                     packed=lambda co: request(None, co))
         finally:
+            self.core.running_cell = None
             self.core.run_storage.advance(max(self.core.reports_seen(base), 0))
         values = {r: res.value for r, res in results.items()}
         prints = [res.fingerprint for res in results.values()]
@@ -133,12 +136,22 @@ class Runner:
             self.core.mirrors.after_cell(self.core, bool(trained), stepped)  # a sharded group: shards to buddies
         return CellResult(values=values, duration=time.perf_counter() - started)
 
+    def form_if_unformed(self, sink: OutputSink) -> None:
+        """Before a cell: when the last forming of the process group failed (after an interrupt or a broken
+        collective), form it again first, so the cell's ranks start together inside one group; a rank still in
+        the failed forming is released, and one that does not leave it in time is named (``await_settled``)."""
+        if self.core.unformed and self.core.kind.process_group:
+            sink.notice("the process group did not form again after the last interrupt or failure: "
+                        "it forms before this cell")
+            self.formation.reform()
+
     def execute(self, fn: Callable[..., Any], *args: Any, ranks: Optional[Sequence[int]] = None,
                 sink: Optional[OutputSink] = None, output: str = "rank0", **kwargs: Any) -> List[Any]:
         """Call ``fn`` on each targeted worker; per-rank results in rank order (see ``WorkerGroup.execute``)."""
         if output not in OUTPUT_MODES:
             raise GroupError(f"output={output!r} is unknown: use rank0, all or none")
         self.core.check_usable()
+        self.form_if_unformed(sink or TextSink())
         targets = self.targets(ranks)
         base = self.core.run_storage.report_base
         try:

@@ -158,7 +158,9 @@ class Formation:
                 refs.append(slot.actor.join.remote(ctx, env, addr, port, src, rank in fresh,
                                                    sorted(core.rank_specific), keep_shards, keep_group))
         step = "_setup" if method == "setup" else "_join"
+        core.unformed = core.kind.process_group  # until every rank has formed it
         results = await_step(slots, refs, step, core.settings.start_timeout_s, core.heartbeat_s)
+        core.unformed = False
         self.note_missing(results)
         for slot, res in zip(slots, results):
             if method == "setup":

@@ -50,8 +50,9 @@ def interrupt(core: "GroupCore") -> List[Dict[str, Any]]:
     """Interrupt the running code on every live rank, all asked at once under one deadline
     (``timing.INTERRUPT_CALL_S``): a rank that did not answer by then is ``unreachable``."""
     live = [s for s in core.slots if s.state != SlotState.DEAD]
-    replies = FANOUT.ask(live, lambda s: s.actor.interrupt.remote(), INTERRUPT_CALL_S,
-                         "every rank to take the interrupt")
+    cell = core.running_cell  # on a rank where it has not begun (it waits behind another call), it is cancelled
+    replies = FANOUT.ask(live, lambda s: s.actor.interrupt.remote(
+        cell_id=cell if s.state == SlotState.RUNNING else None), INTERRUPT_CALL_S, "every rank to take the interrupt")
     out = []
     for reply in replies:
         if reply.ok:

@@ -73,6 +73,10 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWor
         self._in_user = False
         self._interrupt_pending = False
         self._interrupted = False
+        self._breaking = False
+        self._entered_cell = -1  # the id of the last cell the driver sent whose code began here
+        self._sent_cell: Optional[int] = None  # that id, from the cell's start until its code begins
+        self._cancel_upto = -1  # sent cells with an id up to this one end as their code would begin (interrupted)
         self._running: Optional[str] = None
         self._last_outcome: Optional[CellOutcome] = None
         self._done = threading.Event()
@@ -135,6 +139,12 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWor
 
     def _enter_user(self) -> None:
         with self._lock:
+            sent, self._sent_cell = self._sent_cell, None
+            if sent is not None:
+                if sent <= self._cancel_upto:  # interrupted before its code began (it waited behind another call)
+                    self._interrupted = True
+                    raise KeyboardInterrupt
+                self._entered_cell = sent
             self._in_user = True
             self._interrupt_pending = False
 
@@ -178,6 +188,7 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWor
             self._buffer = buf
             self._running = label
             self._interrupted = False
+            self._breaking = False  # an interrupt is breaking this cell's process group (it was in user code)
             self._done.clear()
         self._capture.start(buf)
         if self.session is not None:
@@ -195,12 +206,13 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWor
             with self._lock:
                 buf, self._buffer = self._buffer, None
                 self._running = None
+                self._sent_cell = None
                 result.outputs = buf.drain() if buf is not None else []
                 result.metrics = self.session.drain() if self.session is not None else []
                 result.reports = self.session.reports_this_cell if self.session is not None else 0
                 result.forwards = self.pg.forwards
                 result.interrupted = self._interrupted
-                result.pg_broken = self.pg.broken
+                result.pg_broken = self.pg.broken or self._breaking
                 result.pg_sequence = self._kept_group_sequence()
                 self._last_outcome = result  # for a driver that attached while the cell ran (its caller is gone)
                 self._done.set()
@@ -217,7 +229,7 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWor
         ``collective``: the ``CollectiveSpec`` of its ``raytrain_nb.collective`` calls (None: the rank is alone).
         """
         return self._cells.call(self._run_cell, source, cell_id, show_value, report_base, partial, framework,
-                                collective)
+                                collective, True)
 
     def run_cell_packed(self, request: Sequence[Any]) -> List[Any]:
         """:meth:`run_cell` with its arguments in one list, its outcome as :meth:`CellOutcome.to_wire`: the driver's
@@ -226,11 +238,12 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWor
 
     def _run_cell(self, source: str, cell_id: int, show_value: bool, report_base: int = 0,
                   partial: bool = False, framework: Optional[Any] = None,
-                  collective: Optional[Any] = None) -> CellOutcome:
+                  collective: Optional[Any] = None, sent: bool = False) -> CellOutcome:
         self._report_base, self._partial = report_base, partial
         begin_collectives(collective, partial)
         filename = f"<cell-{cell_id}>"
         self._begin(filename)
+        self._sent_cell = cell_id if sent else None  # the driver's cell (not a replayed one): an interrupt may cancel it
         result = CellOutcome(rank=self.rank)
         started = time.perf_counter()
         steps = framework[0].training_steps(self.namespace) if framework is not None else 0
@@ -356,14 +369,20 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWor
         frame = sys._current_frames().get(self._cells.ident)
         return "".join(traceback.format_stack(frame)) if frame is not None else ""
 
-    def interrupt(self, grace_s: float = 0.3, release_wait_s: float = 1.2) -> Dict[str, Any]:
-        """Raise KeyboardInterrupt in the running user code; release it if blocked in C.
+    def interrupt(self, grace_s: float = 0.3, release_wait_s: float = 1.2,
+                  cell_id: Optional[int] = None) -> Dict[str, Any]:
+        """Raise KeyboardInterrupt in the running user code; release it if blocked in C. ``cell_id``: the driver's
+        cell running now; when it has not begun here (it waits behind another call, such as the end of a failed
+        formation), it is cancelled: it ends with KeyboardInterrupt as it begins, running none of its code.
 
         Returns:
-            ``{"state": "idle"|"stopped"|"released"|"stuck", "stack": ...}``.
+            ``{"state": "idle"|"finishing"|"cancelled"|"stopped"|"released"|"stuck", "stack": ...}``.
         """
         with self._lock:
             if not self._in_user:
+                if cell_id is not None and cell_id > self._entered_cell:
+                    self._cancel_upto = max(self._cancel_upto, cell_id)
+                    return {"rank": self.rank, "state": "cancelled"}
                 return {"rank": self.rank, "state": "idle" if self._done.is_set() else "finishing"}
             ctypes.pythonapi.PyThreadState_SetAsyncExc(
                 ctypes.c_ulong(self._cells.ident), ctypes.py_object(KeyboardInterrupt)
@@ -372,10 +391,14 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWor
             self._interrupted = True
         if self._done.wait(grace_s):
             return {"rank": self.rank, "state": "stopped"}
-        # Still running: probably blocked in a C call such as a collective.
-        self.pg.break_()
+        # Still running: probably blocked in a C call such as a collective. Broken only while the cell is still in
+        # user code (checked under the lock the cell takes to leave it), and the cell's outcome says so even when it
+        # ends before the break is done: the driver never keeps a group this break has broken since.
+        with self._lock:
+            breaking = self._breaking = self._in_user
+        broke = breaking and self.pg.break_()
         if self._done.wait(release_wait_s):
-            return {"rank": self.rank, "state": "released"}
+            return {"rank": self.rank, "state": "released" if broke else "stopped"}
         return {"rank": self.rank, "state": "stuck", "stack": self.stack()}
 
 
