@@ -156,7 +156,7 @@ class Formation:
                 refs.append(slot.actor.setup.remote(ctx, env, core.backend, addr, port))
             else:
                 refs.append(slot.actor.join.remote(ctx, env, addr, port, src, rank in fresh,
-                                                   sorted(core.rank_specific), keep_shards, keep_group))
+                                                   sorted(core.rank_specific), keep_shards, keep_group, bool(fresh)))
         step = "_setup" if method == "setup" else "_join"
         core.unformed = core.kind.process_group  # until every rank has formed it
         results = await_step(slots, refs, step, core.settings.start_timeout_s, core.heartbeat_s)

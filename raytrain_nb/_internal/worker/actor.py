@@ -7,14 +7,12 @@ concurrency group and are answered while a cell runs.
 from __future__ import annotations
 
 import builtins
-import ctypes
 import importlib
 import logging
 import os
 import sys
 import threading
 import time
-import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..backend import process_group_state
@@ -26,14 +24,15 @@ from .channel import CELL, CONTROL_METHODS as CHANNEL_CALLS, ChannelWorker
 from .cell_thread import CellThread, to_cpu
 from .checkpointing import CheckpointingWorker
 from .collective import CONTROL_METHODS as COLLECTIVE_CALLS
-from .collective import CollectiveSpec, CollectiveWorker, begin as begin_collectives, release_waiting, waiting_at
+from .collective import CollectiveSpec, CollectiveWorker, begin as begin_collectives, waiting_at
 from .display import WorkerDisplay
 from .forming import FormingWorker
 from .inspecting import CONTROL_METHODS as INSPECTING_CALLS
 from .inspecting import InspectingWorker
+from .interrupting import InterruptingWorker
 from .mirroring import CONTROL_METHODS as MIRROR_CALLS, MirroringWorker, check_pull
 from .node_poll import NodePeers
-from .framework import call_in, release_current
+from .framework import call_in
 from .outcome import CellOutcome, pickle_exception
 from .session import WorkerSession
 from .snapshot import fingerprint
@@ -44,7 +43,8 @@ logger = logging.getLogger(__name__)
 PREPARING = ("_preload", "_warm_imports")
 
 
-class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWorker, MirroringWorker, ChannelWorker):
+class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWorker, MirroringWorker, ChannelWorker,
+             InterruptingWorker):
     """One rank of a :class:`~raytrain_nb.WorkerGroup` (a Ray actor when spawned)."""
 
     def __init__(self, cwd: Optional[str] = None, sys_path: Sequence[str] = (),
@@ -136,45 +136,6 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWor
         buf = self._buffer
         if buf is not None:
             buf.display(data, metadata)
-
-    def _enter_user(self) -> None:
-        with self._lock:
-            sent, self._sent_cell = self._sent_cell, None
-            if sent is not None:
-                if sent <= self._cancel_upto:  # interrupted before its code began (it waited behind another call)
-                    self._interrupted = True
-                    raise KeyboardInterrupt
-                self._entered_cell = sent
-            self._in_user = True
-            self._interrupt_pending = False
-
-    def _leave_user(self) -> None:
-        # An interrupt aimed at user code must never fire in ours: clear it if pending.
-        while True:
-            try:
-                with self._lock:
-                    self._in_user = False
-                    if self._interrupt_pending:
-                        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._cells.ident), None)
-                        self._interrupt_pending = False
-                return
-            except KeyboardInterrupt:
-                continue
-
-    def _call_user(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run user code; its background checkpoint uploads finish inside (a failed one is the code's error)."""
-        self._enter_user()
-        try:
-            value = fn(*args)
-            self.uploads.finish()
-            return value
-        finally:
-            while True:
-                try:
-                    self._leave_user()
-                    break
-                except KeyboardInterrupt:
-                    continue
 
     def _failure(self, exc: BaseException) -> RankFailure:
         self.debugger.keep_failure(exc)  # for %dist_debug, until the next cell starts
@@ -356,51 +317,6 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWor
         call sent meanwhile waits behind that)."""
         call = self._cells.current
         return {"call": call, "phase": self.pg.phase, "preparing": call in PREPARING}
-
-    def release(self) -> bool:
-        """Break this rank's process group (and a framework backend's collective) so peers blocked in a
-        collective fail at once."""
-        released = release_current()
-        waited = release_waiting()
-        return self.pg.break_() or released or waited
-
-    def stack(self) -> str:
-        """The Python stack of the cell thread."""
-        frame = sys._current_frames().get(self._cells.ident)
-        return "".join(traceback.format_stack(frame)) if frame is not None else ""
-
-    def interrupt(self, grace_s: float = 0.3, release_wait_s: float = 1.2,
-                  cell_id: Optional[int] = None) -> Dict[str, Any]:
-        """Raise KeyboardInterrupt in the running user code; release it if blocked in C. ``cell_id``: the driver's
-        cell running now; when it has not begun here (it waits behind another call, such as the end of a failed
-        formation), it is cancelled: it ends with KeyboardInterrupt as it begins, running none of its code.
-
-        Returns:
-            ``{"state": "idle"|"finishing"|"cancelled"|"stopped"|"released"|"stuck", "stack": ...}``.
-        """
-        with self._lock:
-            if not self._in_user:
-                if cell_id is not None and cell_id > self._entered_cell:
-                    self._cancel_upto = max(self._cancel_upto, cell_id)
-                    return {"rank": self.rank, "state": "cancelled"}
-                return {"rank": self.rank, "state": "idle" if self._done.is_set() else "finishing"}
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                ctypes.c_ulong(self._cells.ident), ctypes.py_object(KeyboardInterrupt)
-            )
-            self._interrupt_pending = True
-            self._interrupted = True
-        if self._done.wait(grace_s):
-            return {"rank": self.rank, "state": "stopped"}
-        # Still running: probably blocked in a C call such as a collective. Broken only while the cell is still in
-        # user code (checked under the lock the cell takes to leave it), and the cell's outcome says so even when it
-        # ends before the break is done: the driver never keeps a group this break has broken since.
-        with self._lock:
-            breaking = self._breaking = self._in_user
-        broke = breaking and self.pg.break_()
-        if self._done.wait(release_wait_s):
-            return {"rank": self.rank, "state": "released" if broke else "stopped"}
-        return {"rank": self.rank, "state": "stuck", "stack": self.stack()}
-
 
 CONTROL_METHODS = ("ping", "poll", "poll_node", "activity", "release", "stack", "interrupt", "request_snapshot",
                    "cancel_snapshot", "snapshot_wait", "pull") + COLLECTIVE_CALLS + INSPECTING_CALLS + MIRROR_CALLS + CHANNEL_CALLS  # pull: in a cell too

@@ -78,25 +78,26 @@ class FormingWorker:
 
     def join(self, context: Dict[str, Any], env: Dict[str, str], master_addr: str, master_port: int,
              src: int = 0, fresh: bool = False, rank_specific: Sequence[str] = (),
-             keep_shards: bool = False, keep_group: bool = False) -> Dict[str, Any]:
+             keep_shards: bool = False, keep_group: bool = False, some_fresh: bool = False) -> Dict[str, Any]:
         """(Re-)form the process group at the given rank and size; sync state from rank ``src``.
 
         ``keep_shards``: the group re-forms over the same ranks (after an interrupt or a broken collective), so
         this rank's sharded models are sharded again over the new group from their own shards as they are.
         ``keep_group``: every rank keeps the process group it is in (intact after an interrupt: the driver saw
         every rank's collective counts alike), and only brings its state in line over it; a rank whose group
-        was broken since raises, and the driver re-forms.
+        was broken since raises, and the driver re-forms. ``some_fresh``: the driver sends some rank what it lacks
+        (every rank is told alike), so the ranks' inventories differ and are gathered whole at once.
 
         Returns ``{"rebound": DDP wrappers re-bound, "missing": names this fresh rank went without,
         "received": names it got from rank src, "resharded": sharded models and optimizers moved to the new group,
         "phases": seconds in each step of joining}``.
         """
         return self._cells.call(self._join, context, env, master_addr, master_port, src, fresh, rank_specific,
-                                keep_shards, keep_group)
+                                keep_shards, keep_group, some_fresh)
 
     def _join(self, context: Dict[str, Any], env: Dict[str, str], master_addr: str, master_port: int,
               src: int, fresh: bool, rank_specific: Sequence[str], keep_shards: bool,
-              keep_group: bool) -> Dict[str, Any]:
+              keep_group: bool, some_fresh: bool = False) -> Dict[str, Any]:
         # taken while the old mesh is there (a kept group keeps its mesh, and the shards on it)
         own = self._own_shards() if keep_shards and not fresh and not keep_group else None
         self._set_context(context, env)
@@ -105,7 +106,7 @@ class FormingWorker:
         def sync() -> List[Any]:
             wrappers, out["missing"], out["received"] = sync_replicated(
                 self.namespace, src=src, fresh=fresh, rank_specific=rank_specific, shards=dataset_shards(),
-                deferred_ddp=self._deferred_ddp)
+                deferred_ddp=self._deferred_ddp, alike=not some_fresh)
             return wrappers
 
         if keep_group:

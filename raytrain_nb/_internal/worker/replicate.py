@@ -148,8 +148,10 @@ def _transfer(namespace: Dict[str, Any], everyone: List[Dict[str, Any]], src: in
 
 def sync_replicated(namespace: Dict[str, Any], src: int, fresh: bool, rank_specific: Sequence[str] = (),
                     shards: Optional[Dict[str, Any]] = None,
-                    deferred_ddp: Optional[Callable[..., Any]] = None) -> Tuple[List[Any], List[str], List[str]]:
-    """Make every rank hold rank ``src``'s replicated state.
+                    deferred_ddp: Optional[Callable[..., Any]] = None,
+                    alike: bool = True) -> Tuple[List[Any], List[str], List[str]]:
+    """Make every rank hold rank ``src``'s replicated state. ``alike``: the ranks may hold the same (they are
+    first compared by a digest); False (told alike to every rank) when some rank is fresh, so they do not.
 
     Returns:
         The DDP wrappers to re-bind, in order; the names a fresh rank had to go without; the names it
@@ -167,13 +169,14 @@ def sync_replicated(namespace: Dict[str, Any], src: int, fresh: bool, rank_speci
     import torch.distributed as dist  # torch: loaded on first use, not on import raytrain_nb
 
     _, mine = _inventory(namespace, fresh)
-    everyone = _gather_alike(mine)
+    everyone = _gather_alike(mine) if alike else _gather(mine)
     missing: List[str] = []
     received: List[str] = []
     if any(e["fresh"] for e in everyone):
         missing, received = _transfer(namespace, everyone, src, fresh, rank_specific, shards or {}, deferred_ddp)
-        _, mine = _inventory(namespace, fresh)
-        everyone = _gather(mine)
+        if received:  # what the fresh ranks hold changed (nothing sent: every inventory is as gathered)
+            _, mine = _inventory(namespace, fresh)
+            everyone = _gather(mine)
     tracked = find_tracked(namespace, strict=False)
     ref = everyone[src]
     counts = {"modules": 0, "objects": 0, "variables": 0}
@@ -189,21 +192,18 @@ def sync_replicated(namespace: Dict[str, Any], src: int, fresh: bool, rank_speci
     stateful = {**tracked.optimizers, **tracked.schedulers, **tracked.scalers}
     paths = [path for kind in ("optimizers", "schedulers", "scalers") for path in ref[kind]
              if all(path in e[kind] for e in everyone)]
-    if paths:  # every optimizer, scheduler and scaler in one broadcast
-        box = [{path: stateful[path].state_dict() for path in paths} if dist.get_rank() == src else None]
+    skip = set(rank_specific)
+    wanted = sorted(n for n in ref["plain"] if n not in skip) if any(e["fresh"] for e in everyone) else []
+    if paths or wanted:  # every optimizer, scheduler and scaler, and the plain variables new ranks get: one broadcast
+        box = [{"state": {path: stateful[path].state_dict() for path in paths},
+                "plain": {n: namespace[n] for n in wanted}} if dist.get_rank() == src else None]
         dist.broadcast_object_list(box, src=src)
         if dist.get_rank() != src:
             for path in paths:
-                stateful[path].load_state_dict(box[0][path])
-        counts["objects"] = len(paths)
-    skip = set(rank_specific)
-    wanted = sorted(n for n in ref["plain"] if n not in skip) if any(e["fresh"] for e in everyone) else []
-    if wanted:
-        box = [{n: namespace[n] for n in wanted} if dist.get_rank() == src else None]
-        dist.broadcast_object_list(box, src=src)
+                stateful[path].load_state_dict(box[0]["state"][path])
         if fresh:
-            namespace.update(box[0])
-        counts["variables"] = len(wanted)
+            namespace.update(box[0]["plain"])
+        counts["objects"], counts["variables"] = len(paths), len(wanted)
     logger.debug("synchronised %s", counts)
     return agreed_wrappers(tracked, everyone), (missing if fresh else []), (received if fresh else [])
 
