@@ -216,8 +216,8 @@ if rank == 1:
 
 def test_a_failed_re_forming_is_reported_then_the_next_cell_forms_the_group_first(group):
     """The interrupt's re-forming fails on rank 1 (its first init_process_group raises): the interrupted cell
-    ends in that GroupError, with no rank left in the failed forming; the next cell forms the group before it
-    runs (a notice says so), and the ranks train in one group again."""
+    ends in that GroupError; the next cell forms the group before it runs (a notice says so; a rank still in the
+    failed forming is released first), and the ranks train in one group again."""
     group.run(REFUSE_FORMING_ONCE, sink=CollectSink())
     before = _generations(group)
     exc = _interrupted(group, "import time, torch.distributed as dist\n"

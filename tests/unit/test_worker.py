@@ -88,7 +88,7 @@ def test_an_interrupt_for_a_cell_that_ended_or_never_came_cancels_nothing_later(
     assert worker.run_cell("a = 1", 3).failure is None
     assert worker.interrupt(cell_id=3)["state"] == "idle"  # it ended before the interrupt came
     assert worker.run_cell("a + 1", 4).value[0]["text/plain"] == "2"
-    assert worker.interrupt(cell_id=5)["state"] == "cancelled"  # cell 5 went to other ranks only
+    assert worker.interrupt(cell_id=5)["state"] == "cancelled"  # cell 5 never came here
     assert worker.run_cell("a + 2", 6).value[0]["text/plain"] == "3"
 
 

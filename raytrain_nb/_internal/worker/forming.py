@@ -97,7 +97,7 @@ class FormingWorker:
 
     def _join(self, context: Dict[str, Any], env: Dict[str, str], master_addr: str, master_port: int,
               src: int, fresh: bool, rank_specific: Sequence[str], keep_shards: bool,
-              keep_group: bool, some_fresh: bool = False) -> Dict[str, Any]:
+              keep_group: bool, some_fresh: bool) -> Dict[str, Any]:
         # taken while the old mesh is there (a kept group keeps its mesh, and the shards on it)
         own = self._own_shards() if keep_shards and not fresh and not keep_group else None
         self._set_context(context, env)
