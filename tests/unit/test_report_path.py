@@ -168,8 +168,14 @@ def test_append_finishes_a_short_write_and_a_failed_one_and_raises_what_fails_ag
     assert calls == [(b"12345\n", 6)]
     with open(tmp_path / "ledger", "rb") as fh:
         assert fh.read() == b"12345\n6\n7\n8\n9\n" + b"x" * 40
-    with pytest.raises(OSError) as info:
-        reported.append(fd, b"10\n")  # a closed fd: libc's write fails, os.write raises its errno
+    # An fd open for reading only: libc's write fails, os.write raises its errno. (Not the closed fd:
+    # its number may be taken again meanwhile by any thread of this process, for any kind of file.)
+    read_only = os.open(str(tmp_path / "ledger"), os.O_RDONLY)
+    try:
+        with pytest.raises(OSError) as info:
+            reported.append(read_only, b"10\n")
+    finally:
+        os.close(read_only)
     assert info.value.errno == errno.EBADF
 
 
