@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Sequence
 
 from .. import cluster
@@ -26,6 +27,14 @@ if TYPE_CHECKING:  # the core is handed in; never imported here at run time
 logger = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
+_last_epoch = [0]
+
+
+def _next_epoch() -> int:
+    """The number a join carries (see :meth:`Formation.rendezvous`): microseconds of the wall clock, rising in this
+    process, so a driver that attached to a kept group later numbers its joins after the first driver's."""
+    _last_epoch[0] = max(_last_epoch[0] + 1, time.time_ns() // 1000)
+    return _last_epoch[0]
 
 
 def loopback_env(local: bool) -> Dict[str, str]:
@@ -119,8 +128,13 @@ class Formation:
             slot.rank_info = info
         return infos
 
+    @staticmethod
+    def new_epoch() -> int:
+        """A join's number, taken ahead: a recovery's early ``leave_group`` calls and then its join carry it."""
+        return _next_epoch()
+
     def rendezvous(self, method: str, src: int = 0, fresh: Sequence[int] = (), anew: bool = False,
-                   keep_shards: bool = False, keep_group: bool = False) -> List[Any]:
+                   keep_shards: bool = False, keep_group: bool = False, epoch: int = 0) -> List[Any]:
         """Form the process group over the core's slots in rank order.
 
         ``setup`` on a new group; ``join`` to re-form one (after an interrupt,
@@ -129,6 +143,9 @@ class Formation:
         checkpoint with no survivor), none receives anything. ``keep_shards``: the same ranks re-form, each
         keeping its own shards of sharded models (moved to the new group). ``keep_group``: every rank keeps the
         intact process group it is in and only brings its state in line over it (no rendezvous store is opened).
+        ``epoch``: the number of this join (a recovery's own, which its early ``leave_group`` calls carry:
+        ``executor.py``), else a new one; a leave that reaches a rank after a join of its number or later does
+        nothing there.
         Returns each rank's answer.
         """
         core, slots = self.core, list(self.core.slots)
@@ -141,6 +158,7 @@ class Formation:
                     raise GroupError("no worker holds the group's state (every one is new): shut the group down "
                                      "and start a new one, then roll back to a checkpoint")
                 src = held[0]
+        epoch = epoch or _next_epoch()
         infos = self.contexts()
         master = slots[0]
         # Ranks all on one machine talk over loopback only: nothing we open listens on other interfaces.
@@ -156,7 +174,8 @@ class Formation:
                 refs.append(slot.actor.setup.remote(ctx, env, core.backend, addr, port))
             else:
                 refs.append(slot.actor.join.remote(ctx, env, addr, port, src, rank in fresh,
-                                                   sorted(core.rank_specific), keep_shards, keep_group, bool(fresh)))
+                                                   sorted(core.rank_specific), keep_shards, keep_group, bool(fresh),
+                                                   epoch))
         step = "_setup" if method == "setup" else "_join"
         core.unformed = core.kind.process_group  # until every rank has formed it
         results = await_step(slots, refs, step, core.settings.start_timeout_s, core.heartbeat_s)

@@ -84,6 +84,7 @@ class Worker(FormingWorker, CheckpointingWorker, CollectiveWorker, InspectingWor
         self.pg = process_group_state()
         self.session: Optional[WorkerSession] = None
         self.rank = -1
+        self._join_epoch = 0  # the latest recovery whose join reached this rank (forming.py)
         self._preloaded = threading.Event()
         self.preload_s = 0.0
         self._init_checkpointing()

@@ -168,16 +168,22 @@ def sync_replicated(namespace: Dict[str, Any], src: int, fresh: bool, rank_speci
     import torch  # torch: loaded on first use, not on import raytrain_nb
     import torch.distributed as dist  # torch: loaded on first use, not on import raytrain_nb
 
-    _, mine = _inventory(namespace, fresh)
+    # A rank joins fresh (the driver says so to every rank alike): over gloo the source's optimizers, schedulers,
+    # scalers and plain variables are pickled first, so their sizes travel in its inventory and their bytes in
+    # the tensors' packed broadcast (not in two collectives more of their own).
+    ahead = not alike and dist.get_backend() == "gloo"
+    pieces = _pieces(namespace, rank_specific) if ahead and dist.get_rank() == src else {}
+    tracked, mine = _inventory(namespace, fresh)
+    mine["pieces"] = {key: len(blob) for key, blob in pieces.items()}
     everyone = _gather_alike(mine) if alike else _gather(mine)
     missing: List[str] = []
     received: List[str] = []
     if any(e["fresh"] for e in everyone):
         missing, received = _transfer(namespace, everyone, src, fresh, rank_specific, shards or {}, deferred_ddp)
         if received:  # what the fresh ranks hold changed (nothing sent: every inventory is as gathered)
-            _, mine = _inventory(namespace, fresh)
+            tracked, mine = _inventory(namespace, fresh)
+            mine["pieces"] = {key: len(blob) for key, blob in pieces.items()}
             everyone = _gather(mine)
-    tracked = find_tracked(namespace, strict=False)
     ref = everyone[src]
     counts = {"modules": 0, "objects": 0, "variables": 0}
     tensors: List[Any] = []
@@ -187,14 +193,23 @@ def sync_replicated(namespace: Dict[str, Any], src: int, fresh: bool, rank_speci
             counts["modules"] += 1
         else:
             logger.warning("model %r differs across ranks; not synchronised", path)
-    with torch.no_grad():  # every model's tensors in a few packed broadcasts, not one each
-        counts["collectives"] = broadcast_tensors(tensors, src)
     stateful = {**tracked.optimizers, **tracked.schedulers, **tracked.scalers}
     paths = [path for kind in ("optimizers", "schedulers", "scalers") for path in ref[kind]
              if all(path in e[kind] for e in everyone)]
     skip = set(rank_specific)
     wanted = sorted(n for n in ref["plain"] if n not in skip) if any(e["fresh"] for e in everyone) else []
-    if paths or wanted:  # every optimizer, scheduler and scaler, and the plain variables new ranks get: one broadcast
+    keys = [f"o {path}" for path in paths] + (["plain"] if wanted else [])
+    blobs = _blobs(pieces, ref["pieces"], keys) if ahead else []
+    with torch.no_grad():  # every model's tensors in a few packed broadcasts, not one each
+        counts["collectives"] = broadcast_tensors(tensors + blobs, src)
+    if ahead:
+        if dist.get_rank() != src:
+            for path, blob in zip(paths, blobs):
+                stateful[path].load_state_dict(_loads(blob, ref["pieces"][f"o {path}"]))
+        if fresh and wanted:
+            namespace.update({n: v for n, v in _loads(blobs[-1], ref["pieces"]["plain"]).items() if n in wanted})
+        counts["objects"], counts["variables"] = len(paths), len(wanted)
+    elif paths or wanted:  # every optimizer, scheduler and scaler, and the plain variables new ranks get: one broadcast
         box = [{"state": {path: stateful[path].state_dict() for path in paths},
                 "plain": {n: namespace[n] for n in wanted}} if dist.get_rank() == src else None]
         dist.broadcast_object_list(box, src=src)
@@ -206,6 +221,38 @@ def sync_replicated(namespace: Dict[str, Any], src: int, fresh: bool, rank_speci
         counts["objects"], counts["variables"] = len(paths), len(wanted)
     logger.debug("synchronised %s", counts)
     return agreed_wrappers(tracked, everyone), (missing if fresh else []), (received if fresh else [])
+
+
+def _pieces(namespace: Dict[str, Any], rank_specific: Sequence[str]) -> Dict[str, bytes]:
+    """On the source rank: each optimizer's, scheduler's and scaler's state (``"o PATH"``) and the plain variables a
+    fresh rank gets (``"plain"``), pickled."""
+    tracked = find_tracked(namespace, strict=False)
+    out = {f"o {path}": pickle.dumps(obj.state_dict(), protocol=pickle.HIGHEST_PROTOCOL)
+           for objs in (tracked.optimizers, tracked.schedulers, tracked.scalers) for path, obj in objs.items()}
+    skip = set(rank_specific)
+    out["plain"] = pickle.dumps({n: namespace[n] for n in fingerprint(namespace) if n not in skip},
+                                protocol=pickle.HIGHEST_PROTOCOL)
+    return out
+
+
+def _blobs(pieces: Dict[str, bytes], sizes: Dict[str, int], keys: Sequence[str]) -> List[Any]:
+    """The pieces of ``keys`` as float32 tensors (zero-padded to whole elements), to travel in a model's packed
+    bucket: the source's bytes, or empty ones of the sizes its inventory gave on every other rank."""
+    import torch  # torch: loaded on first use, not on import raytrain_nb
+
+    out = []
+    for key in keys:
+        n = -(-sizes[key] // 4)
+        if key in pieces:
+            out.append(torch.frombuffer(bytearray(pieces[key].ljust(n * 4, b"\0")), dtype=torch.float32))
+        else:
+            out.append(torch.empty(n, dtype=torch.float32))
+    return out
+
+
+def _loads(blob: Any, size: int) -> Any:
+    """The object of a piece received in :func:`_blobs`'s form (``size``: its pickle's bytes)."""
+    return pickle.loads(blob.numpy().tobytes()[:size])
 
 
 def agreed_wrappers(tracked: Tracked, everyone: List[Dict[str, Any]]) -> List[Any]:
