@@ -172,9 +172,10 @@ def sync_replicated(namespace: Dict[str, Any], src: int, fresh: bool, rank_speci
     # scalers and plain variables are pickled first, so their sizes travel in its inventory and their bytes in
     # the tensors' packed broadcast (not in two collectives more of their own).
     ahead = not alike and dist.get_backend() == "gloo"
-    pieces = _pieces(namespace, rank_specific) if ahead and dist.get_rank() == src else {}
     tracked, mine = _inventory(namespace, fresh)
-    mine["pieces"] = {key: len(blob) for key, blob in pieces.items()}
+    pieces = _pieces(namespace, tracked, mine["plain"], rank_specific) if ahead and dist.get_rank() == src else {}
+    sizes = {key: len(blob) for key, blob in pieces.items()}
+    mine["pieces"] = sizes
     everyone = _gather_alike(mine) if alike else _gather(mine)
     missing: List[str] = []
     received: List[str] = []
@@ -182,7 +183,7 @@ def sync_replicated(namespace: Dict[str, Any], src: int, fresh: bool, rank_speci
         missing, received = _transfer(namespace, everyone, src, fresh, rank_specific, shards or {}, deferred_ddp)
         if received:  # what the fresh ranks hold changed (nothing sent: every inventory is as gathered)
             tracked, mine = _inventory(namespace, fresh)
-            mine["pieces"] = {key: len(blob) for key, blob in pieces.items()}
+            mine["pieces"] = sizes
             everyone = _gather(mine)
     ref = everyone[src]
     counts = {"modules": 0, "objects": 0, "variables": 0}
@@ -207,7 +208,7 @@ def sync_replicated(namespace: Dict[str, Any], src: int, fresh: bool, rank_speci
             for path, blob in zip(paths, blobs):
                 stateful[path].load_state_dict(_loads(blob, ref["pieces"][f"o {path}"]))
         if fresh and wanted:
-            namespace.update({n: v for n, v in _loads(blobs[-1], ref["pieces"]["plain"]).items() if n in wanted})
+            namespace.update(_loads(blobs[-1], ref["pieces"]["plain"]))  # the source's plain variables but skip's
         counts["objects"], counts["variables"] = len(paths), len(wanted)
     elif paths or wanted:  # every optimizer, scheduler and scaler, and the plain variables new ranks get: one broadcast
         box = [{"state": {path: stateful[path].state_dict() for path in paths},
@@ -223,15 +224,14 @@ def sync_replicated(namespace: Dict[str, Any], src: int, fresh: bool, rank_speci
     return agreed_wrappers(tracked, everyone), (missing if fresh else []), (received if fresh else [])
 
 
-def _pieces(namespace: Dict[str, Any], rank_specific: Sequence[str]) -> Dict[str, bytes]:
-    """On the source rank: each optimizer's, scheduler's and scaler's state (``"o PATH"``) and the plain variables a
-    fresh rank gets (``"plain"``), pickled."""
-    tracked = find_tracked(namespace, strict=False)
+def _pieces(namespace: Dict[str, Any], tracked: Tracked, plain: Sequence[str],
+            rank_specific: Sequence[str]) -> Dict[str, bytes]:
+    """On the source rank: each optimizer's, scheduler's and scaler's state (``"o PATH"``) and its ``plain`` variables
+    but the rank-specific ones (``"plain"``: what a fresh rank gets), pickled."""
     out = {f"o {path}": pickle.dumps(obj.state_dict(), protocol=pickle.HIGHEST_PROTOCOL)
            for objs in (tracked.optimizers, tracked.schedulers, tracked.scalers) for path, obj in objs.items()}
     skip = set(rank_specific)
-    out["plain"] = pickle.dumps({n: namespace[n] for n in fingerprint(namespace) if n not in skip},
-                                protocol=pickle.HIGHEST_PROTOCOL)
+    out["plain"] = pickle.dumps({n: namespace[n] for n in plain if n not in skip}, protocol=pickle.HIGHEST_PROTOCOL)
     return out
 
 
